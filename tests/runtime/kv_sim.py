@@ -1,0 +1,82 @@
+"""A stand-in for KV storage in cache tests: slots hold values instead of tensors.
+
+The value written at position p of a sequence is the tuple of its first p + 1 tokens, which is
+what a real KV entry depends on; a read that returns anything else found stale or foreign data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radixlang.runtime.block_pool import BlockPool
+from radixlang.runtime.radix_cache import CacheHandle, RadixCache
+
+
+class SlotStore:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.slots: list[list[object]] = [[None] * block_size for _ in range(num_blocks)]
+        self.copies: list[tuple[int, int, int]] = []
+
+    def copy(self, src: int, dst: int, num_slots: int) -> None:
+        self.copies.append((src, dst, num_slots))
+        self.slots[dst][:num_slots] = self.slots[src][:num_slots]
+
+    def write(self, tokens: Sequence[int], blocks: Sequence[int], start: int) -> None:
+        bs = self.block_size
+        for p in range(start, len(tokens)):
+            self.slots[blocks[p // bs]][p % bs] = tuple(tokens[: p + 1])
+
+    def read_ok(self, tokens: Sequence[int], blocks: Sequence[int], length: int) -> bool:
+        bs = self.block_size
+        return all(
+            self.slots[blocks[p // bs]][p % bs] == tuple(tokens[: p + 1]) for p in range(length)
+        )
+
+
+@dataclass
+class Served:
+    """A simulated request: the block table it holds references to, and its locked handle."""
+
+    tokens: list[int]
+    blocks: list[int]
+    cached: int
+    handle: CacheHandle | None
+
+
+def serve(cache: RadixCache, store: SlotStore, tokens: Sequence[int]) -> Served:
+    """Reuse the cached prefix, copy its partial block on write, compute the rest, insert.
+
+    Returns with the request still holding its blocks and its whole path locked; call release().
+    Raises OutOfBlocksError (holding nothing) when the pool cannot fit the uncached suffix.
+    """
+    pool: BlockPool = cache.pool
+    tokens = list(tokens)
+    m = cache.match_prefix(tokens)
+    cache.lock(m.handle)
+    pool.incref(m.blocks)
+    blocks = list(m.blocks)
+    try:
+        if m.length % pool.block_size:
+            blocks[-1] = pool.copy_on_write(blocks[-1], m.length % pool.block_size)
+        blocks += pool.alloc(pool.blocks_for_tokens(len(tokens)) - len(blocks))
+    except BaseException:
+        pool.decref(blocks)
+        cache.unlock(m.handle)
+        raise
+    store.write(tokens, blocks, m.length)
+    cache.insert(tokens, blocks)
+    # Like a request that keeps running after its prefill is cached: lock the whole path now.
+    full = cache.match_prefix(tokens)
+    cache.lock(full.handle)
+    cache.unlock(m.handle)
+    return Served(tokens, blocks, m.length, full.handle)
+
+
+def release(cache: RadixCache, served: Served) -> None:
+    if served.handle is not None:
+        cache.unlock(served.handle)
+        served.handle = None
+    cache.pool.decref(served.blocks)
+    served.blocks = []

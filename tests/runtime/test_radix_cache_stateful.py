@@ -1,0 +1,211 @@
+"""Random programs of cache operations against a reference model.
+
+The reference model is the set of cached token prefixes (prefix-closed) and, for each prefix,
+the logical time it was last touched by a match or an insert. Simulated KV storage writes the
+prefix tuple itself into each slot, so every read checks that the blocks a match returns hold
+exactly that prefix's KV. After every step the cache's own ``check_integrity`` must hold, with
+exact reference counts for the blocks that simulated requests hold.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from kv_sim import Served, SlotStore, release, serve
+
+from radixlang.runtime.block_pool import BlockPool, OutOfBlocksError
+from radixlang.runtime.radix_cache import CacheInUseError, RadixCache
+
+# A three-letter alphabet makes shared prefixes, splits and mid-block divergence common.
+token_lists = st.lists(st.integers(0, 2), min_size=0, max_size=14)
+
+
+class RadixCacheMachine(RuleBasedStateMachine):
+    block_size = 4
+    num_blocks = 24
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = SlotStore(self.num_blocks, self.block_size)
+        self.pool = BlockPool(self.num_blocks, self.block_size, copy_hook=self.store.copy)
+        self.cache = RadixCache(self.pool)
+        self.requests: list[Served] = []
+        self.prefixes: set[tuple[int, ...]] = {()}
+        self.access: dict[tuple[int, ...], int] = {}
+        self.clock = 0
+
+    # ---- the reference model ---------------------------------------------------------------
+    def expected_match(self, tokens: list[int]) -> int:
+        n = 0
+        while n < len(tokens) and tuple(tokens[: n + 1]) in self.prefixes:
+            n += 1
+        return n
+
+    def touch(self, tokens: list[int]) -> None:
+        self.clock += 1
+        for i in range(1, len(tokens) + 1):
+            self.access[tuple(tokens[:i])] = self.clock
+
+    def add(self, tokens: list[int]) -> None:
+        self.prefixes.update(tuple(tokens[:i]) for i in range(len(tokens) + 1))
+
+    def locked_paths(self) -> set[tuple[int, ...]]:
+        # A handle on the empty path (the root) locks nothing.
+        return {tuple(r.tokens[: r.handle.length]) for r in self.requests if r.handle} - {()}
+
+    def checked_match(self, tokens: list[int]):
+        m = self.cache.match_prefix(tokens)
+        assert m.length == self.expected_match(tokens)
+        assert m.handle.length == m.length
+        assert len(m.blocks) == self.pool.blocks_for_tokens(m.length)
+        assert self.store.read_ok(tokens, m.blocks, m.length), "match returned foreign KV"
+        self.touch(tokens[: m.length])
+        return m
+
+    def checked_evict(self, n: int) -> list[int]:
+        before = set(self.prefixes)
+        free_before = self.pool.num_free
+        freed = self.cache.evict(n)
+        assert len(set(freed)) == len(freed)
+        assert all(self.pool.refcount(b) == 0 for b in freed)
+        assert self.pool.num_free == free_before + len(freed)
+        after = {p for p in before if self.cache.peek_prefix_len(p) == len(p)}
+        removed = before - after
+        locked = self.locked_paths()
+        assert all(lp in after for lp in locked), "eviction removed a locked path"
+        leaves = after - {q[:-1] for q in after if q} - {()}
+        unlocked_leaves = leaves - locked
+        if len(freed) < n:
+            assert not unlocked_leaves, "eviction stopped early with candidates left"
+        if removed and unlocked_leaves:
+            newest_removed = max(self.access[p] for p in removed)
+            oldest_kept = min(self.access[p] for p in unlocked_leaves)
+            assert newest_removed <= oldest_kept, "evicted a leaf newer than one it kept"
+        self.prefixes = after
+        return freed
+
+    # ---- rules -----------------------------------------------------------------------------
+    @rule(tokens=token_lists, keep=st.booleans())
+    def run_request(self, tokens: list[int], keep: bool) -> None:
+        """A request reuses the cache, computes the rest, inserts, and finishes or keeps going."""
+
+        def blocks_needed() -> int:  # new blocks: the uncached suffix and a copied partial block
+            return self.pool.blocks_for_tokens(len(tokens)) - expected // self.block_size
+
+        expected = self.expected_match(tokens)
+        if blocks_needed() > self.pool.num_free:
+            self.checked_evict(blocks_needed() - self.pool.num_free)
+            expected = self.expected_match(tokens)  # eviction may have taken part of the prefix
+        need = blocks_needed()
+        try:
+            served = serve(self.cache, self.store, tokens)
+        except OutOfBlocksError:
+            self.touch(tokens[:expected])
+            assert self.pool.num_free < need
+            return
+        assert served.cached == expected
+        self.add(tokens)
+        self.touch(tokens[:expected])
+        self.touch(tokens)
+        self.touch(tokens)  # serve() matches its own path again to lock it
+        if keep:
+            self.requests.append(served)
+        else:
+            release(self.cache, served)
+
+    @rule(tokens=token_lists)
+    def match(self, tokens: list[int]) -> None:
+        self.checked_match(tokens)
+
+    @rule(tokens=token_lists)
+    def peek(self, tokens: list[int]) -> None:
+        assert self.cache.peek_prefix_len(tokens) == self.expected_match(tokens)
+
+    @rule(tokens=token_lists, lock=st.booleans())
+    def hold_prefix(self, tokens: list[int], lock: bool) -> None:
+        """A request (locked) or a fork sharing blocks (unlocked) holds a cached prefix."""
+        m = self.checked_match(tokens)
+        self.pool.incref(m.blocks)
+        if lock:
+            self.cache.lock(m.handle)
+        held = Served(tokens[: m.length], list(m.blocks), m.length, m.handle if lock else None)
+        self.requests.append(held)
+
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 1000))
+    def fork(self, i: int) -> None:
+        """A branch shares all of its parent's blocks by reference."""
+        parent = self.requests[i % len(self.requests)]
+        self.pool.incref(parent.blocks)
+        self.requests.append(Served(parent.tokens, list(parent.blocks), parent.cached, None))
+
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 1000))
+    def finish(self, i: int) -> None:
+        release(self.cache, self.requests.pop(i % len(self.requests)))
+
+    @rule(n=st.integers(0, 12))
+    def evict(self, n: int) -> None:
+        self.checked_evict(n)
+
+    @rule()
+    def flush(self) -> None:
+        if self.locked_paths():
+            try:
+                self.cache.flush()
+            except CacheInUseError:
+                return
+            raise AssertionError("flush succeeded while a path was locked")
+        held = Counter(b for r in self.requests for b in r.blocks)
+        freed = self.cache.flush()
+        assert all(b not in held for b in freed)
+        self.prefixes = {()}
+
+    # ---- invariants ------------------------------------------------------------------------
+    @invariant()
+    def integrity(self) -> None:
+        self.cache.check_integrity(Counter(b for r in self.requests for b in r.blocks))
+
+    @invariant()
+    def model_agrees(self) -> None:
+        assert self.cache.cached_tokens == len(self.prefixes) - 1
+        for r in self.requests:
+            assert self.store.read_ok(r.tokens, r.blocks, len(r.tokens)), "held KV overwritten"
+
+    def teardown(self) -> None:
+        while self.requests:
+            release(self.cache, self.requests.pop())
+        self.cache.check_integrity({})
+        self.cache.flush()
+        assert self.pool.num_free == self.pool.num_blocks
+        self.pool.check_integrity({})
+
+
+class RadixCacheOddBlockMachine(RadixCacheMachine):
+    block_size = 3
+    num_blocks = 30
+
+
+class RadixCacheTokenBlockMachine(RadixCacheMachine):
+    block_size = 1
+    num_blocks = 60
+
+
+# RADIXLANG_HYPOTHESIS_SCALE=20 runs twenty times as many examples (for a deep local run).
+SCALE = int(os.environ.get("RADIXLANG_HYPOTHESIS_SCALE", "1"))
+
+
+def steps(examples: int) -> settings:
+    return settings(max_examples=examples * SCALE, stateful_step_count=50, deadline=None)
+
+
+TestRadixCacheStateful = RadixCacheMachine.TestCase
+TestRadixCacheStateful.settings = steps(200)
+TestRadixCacheOddBlocks = RadixCacheOddBlockMachine.TestCase
+TestRadixCacheOddBlocks.settings = steps(100)
+TestRadixCacheTokenBlocks = RadixCacheTokenBlockMachine.TestCase
+TestRadixCacheTokenBlocks.settings = steps(50)
