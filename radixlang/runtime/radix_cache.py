@@ -161,7 +161,7 @@ class RadixCache:
         """
         key = _as_token_list(tokens)
         self._clock += 1
-        path = self._walk(key, split=True)
+        path, _ = self._walk(key, split=True)
         for node in path:
             node.last_access = self._clock
             node.hits += 1
@@ -175,18 +175,7 @@ class RadixCache:
 
     def peek_prefix_len(self, tokens: Sequence[int]) -> int:
         """Length of the longest cached prefix, without splitting or touching anything."""
-        key = _as_token_list(tokens)
-        node, pos = self.root, 0
-        while pos < len(key):
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            k = _common_prefix_len(key, pos, child.tokens)
-            pos += k
-            if k < len(child.tokens):
-                break
-            node = child
-        return pos
+        return self._walk(_as_token_list(tokens), split=False)[1]
 
     def evictable_size(self) -> int:
         """Blocks held only by unlocked nodes: what evicting everything would free, at most."""
@@ -239,7 +228,7 @@ class RadixCache:
                 f"{len(key)} tokens need {need} blocks of {bs}, but {len(blocks)} were given"
             )
         self._clock += 1
-        path = self._walk(key, split=True)
+        path, _ = self._walk(key, split=True)
         for node in path:
             node.last_access = self._clock
         parent = path[-1] if path else self.root
@@ -432,8 +421,12 @@ class RadixCache:
         self._next_id += 1
         return node
 
-    def _walk(self, key: list[int], split: bool) -> list[_Node]:
-        """Nodes from the root (excluded) along ``key``, splitting the last one at the match end."""
+    def _walk(self, key: list[int], split: bool) -> tuple[list[_Node], int]:
+        """The fully matched nodes along ``key`` (root excluded) and the matched length.
+
+        With ``split``, a match that ends inside a node cuts it there, so the path ends exactly
+        at the matched length; without, the length may reach into the node after the path.
+        """
         path: list[_Node] = []
         node, pos = self.root, 0
         while pos < len(key):
@@ -441,13 +434,14 @@ class RadixCache:
             if child is None:
                 break
             k = _common_prefix_len(key, pos, child.tokens)
+            pos += k
             if k < len(child.tokens):
                 if not split:
                     break
                 child = self._split(child, k)
             path.append(child)
-            node, pos = child, pos + k
-        return path
+            node = child
+        return path, pos
 
     def _split(self, node: _Node, k: int) -> _Node:
         """Cut ``node`` after ``k`` tokens; returns the new upper part.
