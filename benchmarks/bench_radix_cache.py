@@ -5,8 +5,9 @@ Writes benchmarks/results/bench_radix_cache.json and .png.
 
 1. Throughput on a workload with heavy prefix sharing (default 100k sequences): each sequence is
    one of 64 system prompts (256 tokens), one of 4,096 documents under it (64 tokens), and a
-   unique question (16-48 tokens). Measured: insert, match (exact and partial hits) and
-   evict(1) operations per second, each primitive timed on its own.
+   unique question (16-48 tokens). Measured: insert, match (n/2 exact hits, then n/2 partial
+   hits that end at a random point and split a node there) and evict(1) operations per
+   second, each primitive timed on its own.
 2. Cost per evicted leaf at 1k, 10k and 100k leaves, against a baseline run side by side that
    finds the LRU leaf by scanning the whole tree on every eviction (what a cache without an
    eviction heap does). The ratio of costs at 100k vs 1k leaves is the scaling figure: near 1 for
@@ -66,12 +67,18 @@ def throughput(n: int, seed: int) -> dict:
     pool = BlockPool(pool_blocks_for(seqs), BLOCK_SIZE)
     cache = RadixCache(pool)
     insert_s = fill(cache, seqs)
+    nodes_after_insert = cache.num_nodes
     rng = random.Random(seed + 1)
-    queries = [seqs[rng.randrange(n)] for _ in range(n // 2)]
-    queries += [[*s[: rng.randint(1, len(s))], VOCAB + 1] for s in queries[: n // 2]]
-    t = time.perf_counter()
-    hit = sum(cache.match_prefix(q).length for q in queries)
-    match_s = time.perf_counter() - t
+    exact = [seqs[rng.randrange(n)] for _ in range(n // 2)]
+    # A partial hit ends at a random point and then diverges: the match splits a node there.
+    partial = [[*s[: rng.randint(1, len(s))], VOCAB + 1] for s in exact]
+    match_rates = {}
+    for name, queries in (("exact", exact), ("partial", partial)):
+        t = time.perf_counter()
+        hit = sum(cache.match_prefix(q).length for q in queries)
+        seconds = time.perf_counter() - t
+        match_rates[f"match_{name}_ops_per_s"] = len(queries) / seconds
+        match_rates[f"match_{name}_hit_tokens_per_s"] = hit / seconds
     cache.check_integrity()
     nodes = cache.num_nodes
     cached_tokens = cache.cached_tokens
@@ -84,13 +91,13 @@ def throughput(n: int, seed: int) -> dict:
     return {
         "sequences": n,
         "tokens": total_tokens,
-        "tree_nodes": nodes,
+        "tree_nodes": nodes_after_insert,
         "tree_tokens": cached_tokens,
         "sharing_factor": total_tokens / cached_tokens,
         "insert_ops_per_s": n / insert_s,
         "insert_tokens_per_s": total_tokens / insert_s,
-        "match_ops_per_s": len(queries) / match_s,
-        "match_hit_tokens_per_s": hit / match_s,
+        **match_rates,
+        "tree_nodes_after_matches": nodes,
         "evict_calls": evictions,
         "evict_ops_per_s": evictions / evict_s,
         "all_blocks_free_after": pool.num_free == pool.num_blocks,

@@ -144,7 +144,8 @@ def cache_dir() -> Path:
 
 
 def load_model_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> ModelFiles:
-    """Files for a registered model name, a local Hugging Face folder, or a local GGUF file.
+    """Files for a registered model name, a local Hugging Face folder, a local GGUF file, or a
+    Hugging Face model id already in the local Hugging Face cache (nothing is downloaded).
 
     A GGUF source is converted once into the cache directory; later calls reuse the folder.
     """
@@ -164,11 +165,38 @@ def load_model_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Mo
         st = path.stat()
         source_key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
         return _files_from_gguf(path.stem.lower(), path.resolve(), source_key)
+    if _looks_like_hub_id(spec):
+        folder = _hub_cache_snapshot(spec)
+        return ModelFiles(spec, folder, _read_config(folder))
     known = ", ".join(sorted(REGISTRY))
     raise ModelNotFoundError(
         f"unknown model {spec!r}: give a registered name ({known}), a local Hugging Face "
-        f"model folder (with config.json), or a .gguf file"
+        f"model folder (with config.json), a .gguf file, or a Hugging Face model id that is "
+        f"already in the local Hugging Face cache"
     )
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def _hub_cache_snapshot(repo_id: str) -> Path:
+    """A model id's snapshot in the local Hugging Face cache; radixlang never downloads one."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise ModelNotFoundError(
+            f"{repo_id!r} is not in the local Hugging Face cache, and radixlang does not "
+            f"download models: fetch it first (for example `hf download {repo_id}`) or give "
+            f"a local folder"
+        ) from None
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"the cached snapshot of {repo_id!r} has no config.json")
+    return folder
 
 
 def _locate_registered_gguf(entry: RegisteredModel) -> Path:

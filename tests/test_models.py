@@ -183,6 +183,22 @@ def test_a_folder_without_config_is_refused(tmp_path):
         load_model_files(tmp_path)
 
 
+def test_a_hub_id_resolves_from_the_local_hugging_face_cache_only(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--acme--tiny-llama"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    (snapshot / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
+    files = load_model_files("acme/tiny-llama")
+    assert files.path == snapshot and files.config.num_layers == 2
+    with pytest.raises(ModelNotFoundError, match="does not download models"):
+        load_model_files("acme/not-cached")
+
+
 def test_an_unknown_name_lists_what_is_known():
     with pytest.raises(ModelNotFoundError, match="smollm2-135m-instruct"):
         load_model_files("no-such-model")

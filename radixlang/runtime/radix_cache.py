@@ -244,10 +244,8 @@ class RadixCache:
             self._evictable_blocks += leaf.own_blocks
             self._num_nodes += 1
             self._cached_tokens += len(leaf.tokens)
-            self._refresh_candidate(parent)
             self._refresh_candidate(leaf)
-        else:
-            self._refresh_candidate(parent)
+        self._refresh_candidate(parent)  # touched, or no longer a leaf
         return cached
 
     def lock(self, handle: CacheHandle) -> None:
