@@ -160,11 +160,11 @@ class BlockPool:
                 raise IntegrityError(f"free list holds out-of-range block {b}")
             if self._refcount[b] != 0:
                 raise IntegrityError(f"free block {b} has refcount {self._refcount[b]}")
-        used = [b for b in range(self.num_blocks) if self._refcount[b] > 0]
-        for b in range(self.num_blocks):
-            if self._refcount[b] < 0:
-                raise IntegrityError(f"block {b} has negative refcount {self._refcount[b]}")
-        if len(used) + len(free) != self.num_blocks:
+        negative = [b for b, r in enumerate(self._refcount) if r < 0]
+        if negative:
+            raise IntegrityError(f"blocks with negative refcounts: {negative[:10]}")
+        held = sum(1 for r in self._refcount if r > 0)
+        if held + len(free) != self.num_blocks:
             lost = [b for b, r in enumerate(self._refcount) if r == 0 and b not in free_set]
             raise IntegrityError(f"blocks neither free nor held (leaked): {lost[:10]}")
         if expected_refs is not None:
