@@ -1,0 +1,110 @@
+"""Torch paths of the paged-KV kernels, for CPUs (and as the GPU fallback).
+
+Every function is vectorised over tokens: decode runs the whole batch as a few batched matmuls
+over the gathered blocks; extend loops over sequences (not tokens) and hands each one to
+``scaled_dot_product_attention`` with its cached prefix in front.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from radixlang.kernels.layout import PagedKV
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache: PagedKV) -> None:
+    """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` into ``cache`` at ``slot_mapping``."""
+    _, _, kv_heads, head_dim = cache.k.shape
+    slots = slot_mapping.to(torch.long)
+    cache.k.view(-1, kv_heads, head_dim).index_copy_(0, slots, k.to(cache.k.dtype))
+    cache.v.view(-1, kv_heads, head_dim).index_copy_(0, slots, v.to(cache.v.dtype))
+
+
+def gather_sequence_kv(
+    cache: PagedKV, block_tables: torch.Tensor, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of each row's first ``max_len`` tokens: ``[batch, padded_len, kv_heads, dim]``.
+
+    Whole blocks are gathered, so ``padded_len`` is ``max_len`` rounded up to a block; positions
+    past a row's own length hold whatever its padding blocks hold and must be masked.
+    """
+    num_blocks = -(-max_len // cache.block_size)
+    tables = block_tables[:, :num_blocks].to(torch.long)
+    batch = tables.shape[0]
+    shape = (batch, num_blocks * cache.block_size, cache.kv_heads, cache.head_dim)
+    return cache.k[tables].view(shape), cache.v[tables].view(shape)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    cache: PagedKV,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence over its ``seq_lens[i]`` cached tokens.
+
+    ``q`` is ``[batch, heads, head_dim]``; the new token's own K/V must already be stored.
+    Grouped-query attention: query head ``h`` reads KV head ``h // (heads // kv_heads)``.
+    """
+    batch, heads, head_dim = q.shape
+    kv_heads = cache.kv_heads
+    group = heads // kv_heads
+    lens = seq_lens.to(torch.long)
+    k, v = gather_sequence_kv(cache, block_tables, int(lens.max()))
+    # [batch, kv_heads, padded_len, dim] so each KV head is one batched matmul operand.
+    k = k.permute(0, 2, 1, 3)
+    v = v.permute(0, 2, 1, 3)
+    qg = q.view(batch, kv_heads, group, head_dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
+    padded_len = k.shape[2]
+    beyond = torch.arange(padded_len, device=q.device)[None, :] >= lens[:, None]
+    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v)  # [batch, kv_heads, group, dim]
+    return out.reshape(batch, heads, head_dim).to(q.dtype)
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    cache: PagedKV,
+    block_tables: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """New tokens attend to their sequence's cached prefix and causally to each other.
+
+    ``q`` ``[tokens, heads, dim]`` and ``k_new``/``v_new`` ``[tokens, kv_heads, dim]`` hold the
+    sequences' new tokens packed back to back, ``extend_lens[i]`` of them for sequence ``i``,
+    whose first ``prefix_lens[i]`` tokens are read from ``cache`` through ``block_tables[i]``.
+    """
+    out = torch.empty_like(q)
+    start = 0
+    for row, (prefix, length) in enumerate(zip(prefix_lens.tolist(), extend_lens.tolist())):
+        end = start + length
+        if length == 0:
+            continue
+        qi = q[start:end].transpose(0, 1)  # [heads, length, dim]
+        ki, vi = k_new[start:end], v_new[start:end]
+        if prefix:
+            kp, vp = gather_sequence_kv(cache, block_tables[row : row + 1], prefix)
+            ki = torch.cat([kp[0, :prefix].to(ki.dtype), ki])
+            vi = torch.cat([vp[0, :prefix].to(vi.dtype), vi])
+            allowed = torch.ones(length, prefix + length, dtype=torch.bool, device=q.device)
+            allowed[:, prefix:] = torch.ones(length, length, device=q.device).tril().bool()
+            attn = F.scaled_dot_product_attention(
+                qi, ki.transpose(0, 1), vi.transpose(0, 1),
+                attn_mask=allowed, scale=scale, enable_gqa=True,
+            )
+        else:
+            attn = F.scaled_dot_product_attention(
+                qi, ki.transpose(0, 1), vi.transpose(0, 1),
+                is_causal=True, scale=scale, enable_gqa=True,
+            )
+        out[start:end] = attn.transpose(0, 1)
+        start = end
+    return out
