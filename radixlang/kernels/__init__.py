@@ -31,9 +31,9 @@ def use_triton(tensor: torch.Tensor) -> bool:
 def store_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache: PagedKV) -> None:
     """Write ``k``/``v`` ``[tokens, kv_heads, head_dim]`` into the cache slots given."""
     if use_triton(k):
-        from radixlang.kernels import store_kv as triton_store
+        from radixlang.kernels import triton_store_kv
 
-        triton_store.store_kv(k, v, slot_mapping, cache)
+        triton_store_kv.store_kv(k, v, slot_mapping, cache)
     else:
         reference.store_kv(k, v, slot_mapping, cache)
 
@@ -47,9 +47,9 @@ def decode_attention(
 ) -> torch.Tensor:
     """Attention of one new token per sequence (``q`` ``[batch, heads, dim]``) over its cache."""
     if use_triton(q):
-        from radixlang.kernels import paged_attention
+        from radixlang.kernels import triton_decode_attention
 
-        return paged_attention.decode_attention(q, cache, block_tables, seq_lens, scale)
+        return triton_decode_attention.decode_attention(q, cache, block_tables, seq_lens, scale)
     return reference.decode_attention(q, cache, block_tables, seq_lens, scale)
 
 
@@ -66,7 +66,7 @@ def extend_attention(
     """Packed new tokens attend to their cached prefix and causally to each other."""
     args = (q, k_new, v_new, cache, block_tables, prefix_lens, extend_lens, scale)
     if use_triton(q):
-        from radixlang.kernels import extend_attention as triton_extend
+        from radixlang.kernels import triton_extend_attention
 
-        return triton_extend.extend_attention(*args)
+        return triton_extend_attention.extend_attention(*args)
     return reference.extend_attention(*args)

@@ -53,16 +53,25 @@ def decode_attention(
     group = heads // kv_heads
     lens = seq_lens.to(torch.long)
     k, v = gather_sequence_kv(cache, block_tables, int(lens.max()))
-    # [batch, kv_heads, padded_len, dim] so each KV head is one batched matmul operand.
-    k = k.permute(0, 2, 1, 3)
-    v = v.permute(0, 2, 1, 3)
-    qg = q.view(batch, kv_heads, group, head_dim)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
-    padded_len = k.shape[2]
+    padded_len = k.shape[1]
+    # Keep the gathered K/V in their stored [batch, len, kv_heads * dim] layout (permuting them
+    # would copy every byte again) and make the queries block-diagonal instead: query head h
+    # holds its vector in KV head h // group's columns and zeros elsewhere. One batched matmul
+    # then scores every head against its own KV head; the extra products are on zeros and cost
+    # far less than the copy they avoid.
+    k = k.view(batch, padded_len, kv_heads * head_dim)
+    v = v.view(batch, padded_len, kv_heads * head_dim)
+    diagonal = torch.arange(kv_heads, device=q.device)
+    q_blocks = q.new_zeros(batch, kv_heads, group, kv_heads, head_dim)
+    q_blocks[:, diagonal, :, diagonal, :] = q.view(batch, kv_heads, group, head_dim).transpose(0, 1)
+    q_blocks = q_blocks.view(batch, heads, kv_heads * head_dim).to(k.dtype)
+    scores = torch.bmm(q_blocks, k.transpose(1, 2)).float() * scale  # [batch, heads, len]
     beyond = torch.arange(padded_len, device=q.device)[None, :] >= lens[:, None]
-    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+    scores.masked_fill_(beyond[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v)  # [batch, kv_heads, group, dim]
+    mixed = torch.bmm(probs, v).view(batch, kv_heads, group, kv_heads, head_dim)
+    # Keep each head's own KV head's columns: the diagonal blocks.
+    out = mixed[:, diagonal, :, diagonal, :].transpose(0, 1)
     return out.reshape(batch, heads, head_dim).to(q.dtype)
 
 
@@ -84,7 +93,9 @@ def extend_attention(
     """
     out = torch.empty_like(q)
     start = 0
-    for row, (prefix, length) in enumerate(zip(prefix_lens.tolist(), extend_lens.tolist())):
+    for row, (prefix, length) in enumerate(
+        zip(prefix_lens.tolist(), extend_lens.tolist(), strict=True)
+    ):
         end = start + length
         if length == 0:
             continue
@@ -97,13 +108,21 @@ def extend_attention(
             allowed = torch.ones(length, prefix + length, dtype=torch.bool, device=q.device)
             allowed[:, prefix:] = torch.ones(length, length, device=q.device).tril().bool()
             attn = F.scaled_dot_product_attention(
-                qi, ki.transpose(0, 1), vi.transpose(0, 1),
-                attn_mask=allowed, scale=scale, enable_gqa=True,
+                qi,
+                ki.transpose(0, 1),
+                vi.transpose(0, 1),
+                attn_mask=allowed,
+                scale=scale,
+                enable_gqa=True,
             )
         else:
             attn = F.scaled_dot_product_attention(
-                qi, ki.transpose(0, 1), vi.transpose(0, 1),
-                is_causal=True, scale=scale, enable_gqa=True,
+                qi,
+                ki.transpose(0, 1),
+                vi.transpose(0, 1),
+                is_causal=True,
+                scale=scale,
+                enable_gqa=True,
             )
         out[start:end] = attn.transpose(0, 1)
         start = end

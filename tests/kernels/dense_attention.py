@@ -45,9 +45,9 @@ def make_paged_case(
         torch.randn(shape, generator=gen).to(dtype).to(device),
         torch.randn(shape, generator=gen).to(dtype).to(device),
     )
-    tables = torch.zeros(len(seq_lens), max(per_seq + [1]), dtype=torch.int32)
+    tables = torch.zeros(len(seq_lens), max([*per_seq, 1]), dtype=torch.int32)
     ks, vs = [], []
-    for row, (n, nb) in enumerate(zip(seq_lens, per_seq)):
+    for row, (n, nb) in enumerate(zip(seq_lens, per_seq, strict=True)):
         blocks = [order.pop() for _ in range(nb)]
         tables[row, :nb] = torch.tensor(blocks, dtype=torch.int32)
         k = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype).to(device)

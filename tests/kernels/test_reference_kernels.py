@@ -33,18 +33,24 @@ def test_decode_matches_dense(heads, kv_heads, head_dim, block_size):
 def test_extend_matches_dense(heads, kv_heads, head_dim, block_size):
     prefix_lens = [0, 3, block_size, 7, 0]
     extend_lens = [4, 1, 9, 2 * block_size + 1, 1]
-    totals = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    totals = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     case = make_paged_case(totals, kv_heads, head_dim, block_size, seed=7)
     q = torch.randn(sum(extend_lens), heads, head_dim)
-    k_new = torch.cat([k[p:] for k, p in zip(case.k, prefix_lens)])
-    v_new = torch.cat([v[p:] for v, p in zip(case.v, prefix_lens)])
+    k_new = torch.cat([k[p:] for k, p in zip(case.k, prefix_lens, strict=True)])
+    v_new = torch.cat([v[p:] for v, p in zip(case.v, prefix_lens, strict=True)])
     scale = default_scale(head_dim)
     out = reference.extend_attention(
-        q, k_new, v_new, case.cache, case.block_tables,
-        torch.tensor(prefix_lens), torch.tensor(extend_lens), scale,
+        q,
+        k_new,
+        v_new,
+        case.cache,
+        case.block_tables,
+        torch.tensor(prefix_lens),
+        torch.tensor(extend_lens),
+        scale,
     )
     start = 0
-    for row, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
+    for row, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
         positions = list(range(p, p + e))
         want = dense_attention(q[start : start + e], case.k[row], case.v[row], positions, scale)
         torch.testing.assert_close(out[start : start + e].double(), want, atol=1e-5, rtol=1e-5)
@@ -58,7 +64,9 @@ def test_extend_reads_the_prefix_from_the_cache_not_k_new():
     out = reference.extend_attention(q, case.k[0][7:], case.v[0][7:], *args)
     # Changing a prefix slot in the cache changes the result; the new tokens come from k_new.
     case.cache.k[case.block_tables[0, 0], 0] += 1.0
-    assert not torch.allclose(out, reference.extend_attention(q, case.k[0][7:], case.v[0][7:], *args))
+    assert not torch.allclose(
+        out, reference.extend_attention(q, case.k[0][7:], case.v[0][7:], *args)
+    )
 
 
 def test_store_kv_writes_only_the_given_slots():
