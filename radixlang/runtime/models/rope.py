@@ -1,0 +1,57 @@
+"""Rotary position embeddings: inverse frequencies (default, linear, llama3) and rotation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def inverse_frequencies(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+    """``[head_dim // 2]`` float32 inverse frequencies for the config's ``rope_parameters``."""
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"RoPE type {rope_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    base = float(params.get("rope_theta", 10000.0))
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = 1.0 / (base**exponents)
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        return _llama3_frequencies(inv_freq, params)
+    return inv_freq
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    # Llama 3.1 keeps high frequencies, divides low ones by `factor`, and blends in between.
+    factor = float(params["factor"])
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    original = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+    return torch.where(medium, blended, scaled)
+
+
+def cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[tokens, head_dim]`` cos and sin for the given positions (computed in float32)."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[tokens, heads, head_dim]`` by the half-split rotary convention."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -1,0 +1,74 @@
+"""Tiny random-weight Hugging Face model folders of each supported architecture, for tests.
+
+Every parameter is randomised (biases and norm weights included: transformers initialises
+those to constants, which would hide bugs in how they are applied).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+COMMON = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+)
+
+KINDS = ("llama", "llama3_rope", "mistral", "qwen2", "qwen3")
+
+
+def tiny_config(kind: str):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    if kind == "llama":
+        return LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0)
+    if kind == "llama3_rope":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,  # puts one frequency in the blended band
+        }
+        return LlamaConfig(**COMMON, tie_word_embeddings=True, rope_parameters=rope)
+    if kind == "mistral":
+        return MistralConfig(**COMMON, sliding_window=None, head_dim=16)
+    if kind == "qwen2":
+        return Qwen2Config(**COMMON, tie_word_embeddings=True)
+    if kind == "qwen3":
+        # head_dim apart from hidden / heads, as in the real Qwen3 models.
+        return Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=False)
+    raise ValueError(kind)
+
+
+def make_tiny_model(kind: str, folder: Path, seed: int = 0) -> Path:
+    """Write a random ``kind`` model (config.json + model.safetensors) into ``folder``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+    model.save_pretrained(folder)
+    return folder
+
+
+def load_reference(folder: Path, attn: str = "eager"):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=attn, local_files_only=True
+    )
+    return model.eval()
