@@ -15,7 +15,14 @@ import torch
 from radixlang.kernels import reference
 from radixlang.kernels.layout import PagedKV, check_paged_kv
 
-__all__ = ["PagedKV", "check_paged_kv", "decode_attention", "extend_attention", "store_kv"]
+__all__ = [
+    "PagedKV",
+    "check_paged_kv",
+    "decode_attention",
+    "extend_attention",
+    "plan_decode",
+    "store_kv",
+]
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
@@ -38,19 +45,32 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache
         reference.store_kv(k, v, slot_mapping, cache)
 
 
+def plan_decode(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: PagedKV
+) -> reference.DecodePlan | None:
+    """Per-batch work that every layer's ``decode_attention`` would repeat (torch path only).
+
+    Build it once per forward pass and pass it to each layer's call as ``plan=``.
+    """
+    if use_triton(block_tables):
+        return None
+    return reference.plan_decode(block_tables, seq_lens, cache)
+
+
 def decode_attention(
     q: torch.Tensor,
     cache: PagedKV,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    plan: reference.DecodePlan | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence (``q`` ``[batch, heads, dim]``) over its cache."""
     if use_triton(q):
         from radixlang.kernels import triton_decode_attention
 
         return triton_decode_attention.decode_attention(q, cache, block_tables, seq_lens, scale)
-    return reference.decode_attention(q, cache, block_tables, seq_lens, scale)
+    return reference.decode_attention(q, cache, block_tables, seq_lens, scale, plan)
 
 
 def extend_attention(

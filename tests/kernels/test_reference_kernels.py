@@ -81,12 +81,17 @@ def test_store_kv_writes_only_the_given_slots():
     assert flat_k[untouched].abs().sum() == 0 and flat_v[untouched].abs().sum() == 0
 
 
-def test_bfloat16_decode_is_close_to_dense():
-    case = make_paged_case([33, 2], 2, 16, 16, dtype=torch.bfloat16)
-    q = torch.randn(2, 4, 16).bfloat16()
-    out = reference.decode_attention(q, case.cache, case.block_tables, torch.tensor([33, 2]), 0.25)
+@pytest.mark.parametrize(
+    "lens",
+    [[33, 2], [1 + (7 * i) % 40 for i in range(18)]],
+    ids=["small-batch-sdpa", "large-batch-block-diagonal"],
+)
+def test_bfloat16_decode_is_close_to_dense(lens):
+    case = make_paged_case(lens, 2, 16, 16, dtype=torch.bfloat16)
+    q = torch.randn(len(lens), 4, 16).bfloat16()
+    out = reference.decode_attention(q, case.cache, case.block_tables, torch.tensor(lens), 0.25)
     assert out.dtype == torch.bfloat16
-    for row, n in enumerate([33, 2]):
+    for row, n in enumerate(lens):
         want = dense_attention(q[row : row + 1], case.k[row], case.v[row], [n - 1], 0.25)
         torch.testing.assert_close(out[row : row + 1].double(), want, atol=2e-2, rtol=2e-2)
 

@@ -15,6 +15,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+PACKING_BATCH_HINT = 32
+
 
 @functools.cache
 def onednn_linear_available(dtype: torch.dtype) -> bool:
@@ -39,8 +41,14 @@ class Linear:
         self.bias = bias
         self.num_bytes = weight.numel() * weight.element_size()
         self.onednn = weight.device.type == "cpu" and onednn_linear_available(weight.dtype)
-        # The packed copy replaces the plain weight, so memory is not doubled.
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.onednn else weight
+        # The packed copy replaces the plain weight, so memory is not doubled. The batch-size
+        # hint picks the packed layout: 1 measured up to 1.8x slower in float32 than 8 or more,
+        # at every batch size.
+        self.weight = (
+            torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_BATCH_HINT)
+            if self.onednn
+            else weight
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlang import kernels
+from radixlang.kernels.reference import DecodePlan
 from radixlang.models import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
@@ -199,21 +200,30 @@ class LlamaForCausalLM:
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         eps = arch.rms_norm_eps
 
+        decode_plan = None
+        if n_ext_seqs < batch.num_seqs:
+            decode_plan = kernels.plan_decode(
+                batch.block_tables[n_ext_seqs:], batch.seq_lens[n_ext_seqs:], kv.layers[0]
+            )
         residual = F.embedding(batch.input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             normed = _rms_norm(residual, layer.input_norm, eps)
             qkv = layer.qkv(normed)
-            q = qkv[:, :q_width].view(tokens, heads, head_dim)
-            k = qkv[:, q_width : q_width + kv_width].view(tokens, kv_heads, head_dim)
             v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
-            if layer.q_norm is not None:
-                q = _rms_norm(q, layer.q_norm, eps)
+            if layer.q_norm is None:
+                # q and k side by side: one rotation for both.
+                qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
+                qk = apply_rotary(qk, cos, sin)
+                q, k = qk[:, :heads], qk[:, heads:]
+            else:
+                q = _rms_norm(qkv[:, :q_width].view(tokens, heads, head_dim), layer.q_norm, eps)
+                k = qkv[:, q_width : q_width + kv_width].view(tokens, kv_heads, head_dim)
                 k = _rms_norm(k, layer.k_norm, eps)  # type: ignore[arg-type]
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
+                q = apply_rotary(q, cos, sin)
+                k = apply_rotary(k, cos, sin)
             cache = kv.layers[i]
             kernels.store_kv(k, v, batch.slot_mapping, cache)
-            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs)
+            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, decode_plan)
             residual = residual + layer.o(attn.view(tokens, q_width))
             normed = _rms_norm(residual, layer.post_norm, eps)
             gate, up = layer.gate_up(normed).chunk(2, dim=-1)
@@ -230,6 +240,7 @@ class LlamaForCausalLM:
         v: torch.Tensor,
         n_ext: int,
         n_ext_seqs: int,
+        decode_plan: DecodePlan | None,
     ) -> torch.Tensor:
         if n_ext_seqs == batch.num_seqs:
             return kernels.extend_attention(
@@ -252,17 +263,14 @@ class LlamaForCausalLM:
             self.scale,
         )
         out[n_ext:] = kernels.decode_attention(
-            q[n_ext:], cache, batch.block_tables[s:], batch.seq_lens[s:], self.scale
+            q[n_ext:], cache, batch.block_tables[s:], batch.seq_lens[s:], self.scale, decode_plan
         )
         return out
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As the reference implementations do: normalise in float32, scale in the model's dtype.
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    normed = F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
-    return normed * weight
+    # One fused op; for 16-bit inputs torch accumulates in float32, as the references do.
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 class _SafetensorsFolder:

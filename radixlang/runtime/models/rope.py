@@ -44,14 +44,24 @@ def _llama3_frequencies(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch
 def cos_sin(
     inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[tokens, head_dim]`` cos and sin for the given positions (computed in float32)."""
+    """``[tokens, 1, head_dim]`` cos and signed sin for ``apply_rotary`` (computed in float32).
+
+    The sin's first half is negated, so that the rotation needs no negation per layer.
+    """
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    return (
+        torch.cat([cos, cos], dim=-1)[:, None, :].to(dtype),
+        torch.cat([-sin, sin], dim=-1)[:, None, :].to(dtype),
+    )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[tokens, heads, head_dim]`` by the half-split rotary convention."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[tokens, heads, head_dim]`` by the half-split rotary convention.
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = (-x2, x1)``, written as
+    ``x * cos + (x2, x1) * (-sin, sin)``.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return torch.addcmul(x * cos, swapped, signed_sin)
