@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,4 +24,10 @@ def test_main_job_runs_on_the_default_model():
     total = int(summary.split(", ")[1].split()[0])
     assert reused > total / 2
     assert "radix cache:" in out and "hits=" in out
+    # Every request ran the model: each printed a reply.
+    rows = [r for r in out.splitlines() if re.match(r"(chat \d+ turn|fork branch) \d+ +\d+", r)]
+    assert len(rows) == 10 and all(row.split("  ")[-1].strip("' ") for row in rows)
+    # Logits over a reused prefix equal those computed from scratch.
+    diff_line = next(line for line in out.splitlines() if "max |logit difference|" in line)
+    assert float(diff_line.rsplit("= ", 1)[1]) < 2e-4
     assert out.rstrip().endswith("every block is free again")
