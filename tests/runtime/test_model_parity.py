@@ -35,8 +35,10 @@ class ShuffledBlocks:
 class Case:
     """A runner and transformers' model on the same weights, with some token sequences."""
 
-    def __init__(self, folder, prompts: list[list[int]], block_size: int = 16) -> None:
-        self.runner = ModelRunner(folder, block_size=block_size, num_blocks=96)
+    def __init__(
+        self, folder, prompts: list[list[int]], block_size: int = 16, device: str = "cpu"
+    ) -> None:
+        self.runner = ModelRunner(folder, block_size=block_size, num_blocks=96, device=device)
         self.hf = load_reference(self.runner.files.path)
         self.prompts = prompts
         self.blocks = ShuffledBlocks(96, seed=block_size)
@@ -46,7 +48,7 @@ class Case:
 
     def reference(self, ids: list[int]) -> torch.Tensor:
         with torch.no_grad():
-            return self.hf(torch.tensor([ids])).logits[0].float()
+            return self.hf(torch.tensor([ids])).logits[0].float().to(self.runner.device)
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +57,10 @@ def tiny_folders(tmp_path_factory):
     return {kind: make_tiny_model(kind, root / kind, seed=i) for i, kind in enumerate(KINDS)}
 
 
-def tiny_case(folders, kind: str, block_size: int = 16) -> Case:
+def tiny_case(folders, kind: str, block_size: int = 16, device: str = "cpu") -> Case:
     rng = random.Random(kind)
     prompts = [[rng.randrange(160) for _ in range(n)] for n in (37, 20, 9, 29)]
-    return Case(folders[kind], prompts, block_size)
+    return Case(folders[kind], prompts, block_size, device)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def check_prefill(case: Case, all_positions: bool) -> None:
     out = case.runner.forward([seq])
     torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
     ref_logprobs = torch.log_softmax(ref, dim=-1)
-    want = ref_logprobs[:-1].gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    want = ref_logprobs[:-1].gather(1, torch.tensor(ids[1:], device=ref.device)[:, None]).squeeze(1)
     torch.testing.assert_close(out.prompt_logprobs[0], want, atol=ATOL, rtol=0)
     values, token_ids = out.prompt_top_logprobs[0]
     if all_positions:  # every position's whole distribution
@@ -103,7 +105,9 @@ def check_prefix_then_extend(case: Case, prefix: int) -> None:
     rest = SequenceInput(ids[prefix:], prefix, table, return_logprobs=True)
     out = case.runner.forward([rest])
     torch.testing.assert_close(out.logits[0], ref[-1], atol=ATOL, rtol=0)
-    want = torch.log_softmax(ref[prefix:-1], -1).gather(1, torch.tensor(ids[prefix + 1 :])[:, None])
+    want = torch.log_softmax(ref[prefix:-1], -1).gather(
+        1, torch.tensor(ids[prefix + 1 :], device=ref.device)[:, None]
+    )
     torch.testing.assert_close(out.prompt_logprobs[0], want.squeeze(1), atol=ATOL, rtol=0)
 
 
@@ -133,7 +137,9 @@ def check_packed_batch(case: Case) -> None:
     wants.append(case.reference(d[:1])[-1])
     for row, want in enumerate(wants):
         torch.testing.assert_close(out.logits[row], want, atol=ATOL, rtol=0, msg=f"row {row}")
-    ref_a = torch.log_softmax(case.reference(a)[:-1], -1).gather(1, torch.tensor(a[1:])[:, None])
+    ref_a = torch.log_softmax(case.reference(a)[:-1], -1).gather(
+        1, torch.tensor(a[1:], device=case.runner.device)[:, None]
+    )
     torch.testing.assert_close(out.prompt_logprobs[1], ref_a.squeeze(1), atol=ATOL, rtol=0)
     assert out.prompt_logprobs[0] is None and out.prompt_top_logprobs[1] is None
 
@@ -186,3 +192,14 @@ def test_triton_path_matches_torch_path_through_the_model(tiny_folders, monkeypa
     triton_out = [case.runner.forward(batch).logits for batch in batches]
     for want, got in zip(torch_out, triton_out, strict=True):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiny_models_on_cuda_match_transformers(tiny_folders, kind):
+    """The same checks with the model on the GPU (Triton kernels), transformers on the CPU."""
+    case = tiny_case(tiny_folders, kind, device="cuda")
+    check_prefix_then_extend(case, prefix=13)
+    check_decode(case)
+    check_packed_batch(case)
