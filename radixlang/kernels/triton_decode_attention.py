@@ -128,6 +128,62 @@ def paged_tile_slots(
 
 
 @triton.jit
+def attend_paged_tiles(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    first_block,
+    end_block,
+    seq_len,
+    kv_head,
+    qk_scale,
+    d,
+    dim_ok,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+    BLOCKS_PER_TILE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Fold blocks ``first_block .. end_block`` of a sequence into a base-2 online softmax.
+
+    ``q`` is a ``[rows, DIM_PAD]`` tile whose scores are all visible (no causal mask); the
+    running max ``m_i``, sum ``l_i`` and output ``acc`` come back updated.
+    """
+    kv_base = kv_head * HEAD_DIM
+    SLOT_STRIDE: tl.constexpr = KV_HEADS * HEAD_DIM
+    for tile_first in range(first_block, end_block, BLOCKS_PER_TILE):
+        slots, valid = paged_tile_slots(
+            table_row_ptr, tile_first, end_block, seq_len, BLOCK_SIZE, BLOCK_PAD, BLOCKS_PER_TILE
+        )
+        k_t = tl.load(
+            k_cache_ptr + slots[None, :] * SLOT_STRIDE + kv_base + d[:, None],
+            mask=valid[None, :] & dim_ok[:, None],
+            other=0.0,
+        )
+        s = mm(q, k_t, UPCAST, PRECISION) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + slots[:, None] * SLOT_STRIDE + kv_base + d[None, :],
+            mask=valid[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_partition_kernel(
     q_ptr,
     k_cache_ptr,
@@ -185,35 +241,16 @@ def _decode_partition_kernel(
         other=0.0,
     )
     table_row = table_ptr + seq.to(tl.int64) * stride_tb
-    kv_base = kv_head * HEAD_DIM
-    SLOT_STRIDE: tl.constexpr = KV_HEADS * HEAD_DIM
 
     # Base-2 online softmax: scores are pre-multiplied by log2(e) (folded into qk_scale).
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
-    for tile_first in range(first_block, end_block, BLOCKS_PER_TILE):
-        slots, valid = paged_tile_slots(
-            table_row, tile_first, end_block, seq_len, BLOCK_SIZE, BLOCK_PAD, BLOCKS_PER_TILE
-        )
-        k_t = tl.load(
-            k_cache_ptr + slots[None, :] * SLOT_STRIDE + kv_base + d[:, None],
-            mask=valid[None, :] & dim_ok[:, None],
-            other=0.0,
-        )
-        s = mm(q, k_t, UPCAST, PRECISION) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + slots[:, None] * SLOT_STRIDE + kv_base + d[None, :],
-            mask=valid[:, None] & dim_ok[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = attend_paged_tiles(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, first_block, end_block,
+        seq_len, kv_head, qk_scale, d, dim_ok, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_PAD,
+        BLOCKS_PER_TILE, UPCAST, PRECISION,
+    )  # fmt: skip
 
     store_mask = head_ok[:, None] & dim_ok[None, :]
     if DIRECT:

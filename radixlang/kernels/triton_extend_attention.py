@@ -20,12 +20,12 @@ from radixlang.kernels.layout import PagedKV, check_paged_kv
 from radixlang.kernels.triton_decode_attention import (
     LOG2E,
     MIN_DOT,
+    attend_paged_tiles,
     check_int_tensor,
     check_same_device,
     dim_pad,
     dot_precision,
     mm,
-    paged_tile_slots,
     tile_geometry,
     tile_rows,
     upcast_dots,
@@ -97,30 +97,11 @@ def _extend_kernel(
     # Phase 1: the cached prefix, all of it visible to every new token.
     table_row = table_ptr + seq.to(tl.int64) * stride_tb
     prefix_blocks = (prefix_len + BLOCK_SIZE - 1) // BLOCK_SIZE
-    kv_base = kv_head * HEAD_DIM
-    SLOT_STRIDE: tl.constexpr = KV_HEADS * HEAD_DIM
-    for tile_first in range(0, prefix_blocks, BLOCKS_PER_TILE):
-        slots, valid = paged_tile_slots(
-            table_row, tile_first, prefix_blocks, prefix_len, BLOCK_SIZE, BLOCK_PAD, BLOCKS_PER_TILE
-        )
-        k_t = tl.load(
-            k_cache_ptr + slots[None, :] * SLOT_STRIDE + kv_base + d[:, None],
-            mask=valid[None, :] & dim_ok[:, None],
-            other=0.0,
-        )
-        s = mm(q, k_t, UPCAST, PRECISION) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + slots[:, None] * SLOT_STRIDE + kv_base + d[None, :],
-            mask=valid[:, None] & dim_ok[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = attend_paged_tiles(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, 0, prefix_blocks, prefix_len,
+        kv_head, qk_scale, d, dim_ok, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_PAD,
+        BLOCKS_PER_TILE, UPCAST, PRECISION,
+    )  # fmt: skip
 
     # Phase 2: the new tokens, causally; keys past this block's last query are never visible.
     new_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
