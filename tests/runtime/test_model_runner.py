@@ -141,3 +141,20 @@ def test_linear_matches_f_linear(dtype, monkeypatch):
     assert plain.onednn is False
     torch.testing.assert_close(plain(x), want, atol=0, rtol=0)
     onednn_linear_available.cache_clear()
+
+
+def test_decode_plan_is_built_once_per_forward_not_per_layer(runner, monkeypatch):
+    from radixlang.kernels import reference
+
+    calls = []
+    original = reference.plan_decode
+
+    def counting(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(reference, "plan_decode", counting)
+    runner.forward([SequenceInput([3, 4, 5], 0, [6])])
+    assert calls == []  # a prefill needs no decode plan
+    runner.forward([SequenceInput([6], 3, [6]), SequenceInput([1], 0, [7])])
+    assert len(calls) == 1 and runner.model.arch.num_layers == 2

@@ -248,7 +248,7 @@ class LlamaForCausalLM:
             )
         if n_ext_seqs == 0:
             return kernels.decode_attention(
-                q, cache, batch.block_tables, batch.seq_lens, self.scale
+                q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan
             )
         out = torch.empty_like(q)
         s = n_ext_seqs
