@@ -85,6 +85,9 @@ def decode_attention(
         plan = plan_decode(block_tables, seq_lens, cache)
     batch, heads, head_dim = q.shape
     k, v = _gather_blocks(cache, plan.rows, batch, plan.num_blocks)
+    # A cache kept in another dtype than the model's (say bfloat16 under float32) is read in
+    # the queries' dtype.
+    k, v = k.to(q.dtype), v.to(q.dtype)
     if q.dtype != torch.float32 and batch >= 16:
         return _block_diagonal_decode(q, k, v, plan.visible, scale)
     # A GQA group's query heads act as that KV head's query *positions* (none causal), so

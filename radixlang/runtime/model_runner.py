@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from radixlang import kernels
 from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, default_kv_budget
@@ -78,6 +79,11 @@ class ModelRunner:
             self.files.path, dtype=self.dtype, device=self.device, config=self.files.hf_config()
         )
         cache_dtype = resolve_dtype(kv_dtype) if kv_dtype is not None else self.dtype
+        if cache_dtype != self.dtype and kernels.use_triton(self.model.embed):
+            raise ValueError(
+                f"a {cache_dtype} KV cache under {self.dtype} weights runs on the torch kernels "
+                f"only; the Triton kernels need the two to match"
+            )
         shape = self.model.arch.kv_shape
         if num_blocks is not None:
             self.kv = KVCache(shape, num_blocks, block_size, cache_dtype, self.device)

@@ -158,3 +158,26 @@ def test_decode_plan_is_built_once_per_forward_not_per_layer(runner, monkeypatch
     assert calls == []  # a prefill needs no decode plan
     runner.forward([SequenceInput([6], 3, [6]), SequenceInput([1], 0, [7])])
     assert len(calls) == 1 and runner.model.arch.num_layers == 2
+
+
+@pytest.mark.parametrize(("dtype", "kv_dtype"), [("float32", "bfloat16"), ("float16", None)])
+def test_other_dtypes_stay_close_to_float32(folder, dtype, kv_dtype):
+    """A bfloat16 KV cache under float32 weights, and float16 throughout, on every path."""
+    reference = ModelRunner(folder, num_blocks=16, block_size=4)
+    other = ModelRunner(folder, num_blocks=16, block_size=4, dtype=dtype, kv_dtype=kv_dtype)
+    assert other.kv.k.dtype == getattr(torch, kv_dtype or dtype)
+    steps = [
+        [SequenceInput(list(range(1, 12)), 0, [0, 1, 2]), SequenceInput([5, 6, 7], 0, [3])],
+        [SequenceInput([9, 10], 11, [0, 1, 2, 4]), SequenceInput([8], 3, [3])],
+    ]
+    for batch in steps:
+        want = reference.forward(batch).logits
+        got = other.forward(batch).logits
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=0.1, rtol=0.05)
+
+
+def test_mixed_kv_dtype_is_refused_on_the_triton_path(folder, monkeypatch):
+    monkeypatch.setenv("RADIXLANG_KERNELS", "triton")
+    with pytest.raises(ValueError, match="torch kernels only"):
+        ModelRunner(folder, num_blocks=4, kv_dtype="bfloat16")
