@@ -124,14 +124,14 @@ def _block_diagonal_decode(
     diagonal = torch.arange(kv_heads, device=q.device)
     q_blocks = q.new_zeros(batch, kv_heads, group, kv_heads, head_dim)
     q_blocks[:, diagonal, :, diagonal, :] = q.view(batch, kv_heads, group, head_dim).transpose(0, 1)
-    q_blocks = q_blocks.view(batch, heads, kv_heads * head_dim).to(k.dtype)
+    q_blocks = q_blocks.view(batch, heads, kv_heads * head_dim)
     scores = torch.bmm(q_blocks, k.transpose(1, 2)).float() * scale  # [batch, heads, len]
     scores.masked_fill_(~visible[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     mixed = torch.bmm(probs, v).view(batch, kv_heads, group, kv_heads, head_dim)
     # Keep each head's own KV head's columns: the diagonal blocks.
     out = mixed[:, diagonal, :, diagonal, :].transpose(0, 1)
-    return out.reshape(batch, heads, head_dim).to(q.dtype)
+    return out.reshape(batch, heads, head_dim)
 
 
 def extend_attention(

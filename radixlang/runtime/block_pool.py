@@ -30,6 +30,11 @@ class OutOfBlocksError(RuntimeError):
         self.total = total
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """How many ``block_size``-token blocks hold ``num_tokens`` token slots."""
+    return -(-num_tokens // block_size)
+
+
 class BlockPoolError(RuntimeError):
     """A caller broke the reference-counting contract (double free, use after free, bad id)."""
 
@@ -73,7 +78,7 @@ class BlockPool:
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         """How many blocks hold ``num_tokens`` token slots."""
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     # ---- allocation and references -------------------------------------------------------
     def alloc(self, n: int) -> list[int]:

@@ -111,12 +111,12 @@ def available_memory_bytes(device: torch.device) -> int:
     return 4 << 30
 
 
-def default_kv_budget(device: torch.device, fraction: float | None = None) -> int:
+def default_kv_budget(device: torch.device) -> int:
     """A KV budget: 85% of free GPU memory, or 20% of the host's available memory (≤ 8 GiB).
 
     Call it after the weights are loaded, so that they are not counted as free.
     """
     free = available_memory_bytes(device)
     if device.type == "cuda":
-        return int(free * (fraction if fraction is not None else 0.85))
-    return min(int(free * (fraction if fraction is not None else 0.2)), 8 << 30)
+        return int(free * 0.85)
+    return min(int(free * 0.2), 8 << 30)

@@ -17,6 +17,7 @@ import torch
 
 from radixlang import kernels
 from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
+from radixlang.runtime.block_pool import blocks_for
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, default_kv_budget
 from radixlang.runtime.models.llama import LlamaForCausalLM
@@ -166,7 +167,7 @@ class ModelRunner:
             raise BatchError(
                 f"sequence of {total} tokens exceeds the model's context of {self.max_context}"
             )
-        needed = -(-total // self.block_size)
+        needed = blocks_for(total, self.block_size)
         if len(seq.block_table) < needed:
             raise BatchError(
                 f"{total} tokens need {needed} blocks of {self.block_size}; "
@@ -181,15 +182,12 @@ class ModelRunner:
         block_size = self.block_size
         extend_lens = [len(s.tokens) for s in seqs]
         prefix_lens = [s.prefix_len for s in seqs]
-        width = max(
-            -(-(p + n) // block_size) for p, n in zip(prefix_lens, extend_lens, strict=True)
-        )
-        tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-        for row, seq in enumerate(seqs):
-            blocks = list(
-                seq.block_table[: -(-(prefix_lens[row] + extend_lens[row]) // block_size)]
-            )
-            tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        counts = [
+            blocks_for(p + n, block_size) for p, n in zip(prefix_lens, extend_lens, strict=True)
+        ]
+        tables = torch.zeros(len(seqs), max(counts), dtype=torch.int32)
+        for row, (seq, count) in enumerate(zip(seqs, counts, strict=True)):
+            tables[row, :count] = torch.tensor(list(seq.block_table[:count]), dtype=torch.int32)
         ext = torch.tensor(extend_lens)
         prefix = torch.tensor(prefix_lens)
         owner = torch.repeat_interleave(torch.arange(len(seqs)), ext)

@@ -26,7 +26,7 @@ def onednn_linear_available(dtype: torch.dtype) -> bool:
     try:
         weight = torch.linspace(-1, 1, 48 * 40).view(48, 40).to(dtype)
         x = torch.linspace(-1, 1, 3 * 40).view(3, 40).to(dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_BATCH_HINT)
         got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     except (RuntimeError, AttributeError):
         return False

@@ -174,11 +174,6 @@ class LlamaForCausalLM:
         lm_head = Linear(embed if tied else load("lm_head.weight"))
         return cls(arch, embed, layers, load("model.norm.weight"), lm_head)
 
-    def new_kv_cache(
-        self, num_blocks: int, block_size: int = 16, dtype: torch.dtype | None = None
-    ) -> KVCache:
-        return KVCache(self.arch.kv_shape, num_blocks, block_size, dtype or self.dtype, self.device)
-
     @property
     def num_parameter_bytes(self) -> int:
         """Bytes of weights held (a tied output embedding counts again when packed apart)."""
