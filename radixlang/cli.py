@@ -6,7 +6,13 @@ import argparse
 import json
 import sys
 
-from radixlang.models import DEFAULT_MODEL, REGISTRY, ModelNotFoundError, load_model_files
+from radixlang.models import (
+    DEFAULT_MODEL,
+    REGISTRY,
+    ModelNotFoundError,
+    UnsupportedModelError,
+    load_model_files,
+)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -32,6 +38,88 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompts)
+    if args.file:
+        with open(args.file, encoding="utf-8") as f:
+            prompts += [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    if not prompts:
+        raise SystemExit("radixlang generate: give prompts as arguments or with --file")
+    return prompts
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from radixlang.runtime.engine import Engine, RequestError
+
+    prompts = _read_prompts(args)
+    sampling = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "stop": args.stop or [],
+    }
+    if args.seed is not None:
+        sampling["seed"] = args.seed
+    with Engine(args.model, dtype=args.dtype, device=args.device, kv_memory=args.kv_memory) as eng:
+        texts = prompts
+        if args.chat:
+            if eng.tokenizer is None or not getattr(eng.tokenizer, "chat_template", None):
+                raise SystemExit("radixlang generate: --chat needs a tokenizer with a template")
+            system = [{"role": "system", "content": args.system}] if args.system else []
+            texts = [
+                eng.tokenizer.apply_chat_template(
+                    [*system, {"role": "user", "content": p}],
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
+                for p in prompts
+            ]
+        try:
+            handles = [eng.submit(t, sampling) for t in texts]
+        except RequestError as e:
+            print(f"radixlang generate: {e}", file=sys.stderr)
+            return 2
+        if args.stream and len(handles) == 1:
+            for event in handles[0]:
+                print(event.text, end="", flush=True)
+            print()
+        results = [h.result() for h in handles]
+        stats = eng.stats()
+        if args.json:
+            rows = [
+                {"prompt": p, "text": r.text, **r.meta_info}
+                for p, r in zip(prompts, results, strict=True)
+            ]
+            print(json.dumps({"results": rows, "stats": stats}, indent=2))
+            return 0
+        if not args.stream or len(handles) > 1:
+            for p, r in zip(prompts, results, strict=True):
+                print(f"> {p}\n{r.text.strip()}")
+                print(
+                    f"  [{r.completion_tokens} tokens, {r.finish_reason.value}, "
+                    f"{r.cached_tokens}/{r.prompt_tokens} prompt tokens cached]\n"
+                )
+        print(_format_stats(stats))
+        if args.show_tree:
+            print(eng.render_cache(max_nodes=40))
+    return 0
+
+
+def _format_stats(s: dict) -> str:
+    return "\n".join(
+        [
+            f"requests      {s['finished_requests']} finished; "
+            f"generated {s['generated_tokens']} tokens in {s['steps']} steps "
+            f"({s['busy_tokens_per_second']:.1f} tok/s while busy)",
+            f"prompt tokens {s['prompt_tokens']}: {s['prompt_tokens_reused']} reused from the "
+            f"cache, {s['prompt_tokens_computed']} computed (hit rate {s['cache_hit_rate']:.1%})",
+            f"KV blocks     {s['blocks_used']} used ({s['blocks_evictable']} cached, evictable), "
+            f"{s['blocks_free']} free of {s['blocks_total']}; {s['cached_tokens']} tokens cached",
+        ]
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlang", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,6 +129,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
     p.add_argument("--json", action="store_true", help="print the raw config as JSON")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("generate", help="complete prompts on a model and print cache statistics")
+    p.add_argument("prompts", nargs="*", help="prompts (or use --file)")
+    p.add_argument("--file", help="a file of prompts, one per line ('#' lines skipped)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    p.add_argument("--system", help="a system message for --chat")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-memory", default="1GiB", help="KV cache size, e.g. 512MiB or 2GiB")
+    p.add_argument("--stream", action="store_true", help="stream the text of a single prompt")
+    p.add_argument("--json", action="store_true", help="print results and stats as JSON")
+    p.add_argument("--show-tree", action="store_true", help="print the radix cache's tree")
+    p.set_defaults(func=_cmd_generate)
     return parser
 
 
@@ -48,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ModelNotFoundError as e:
+    except (ModelNotFoundError, UnsupportedModelError) as e:
         print(f"radixlang: {e}", file=sys.stderr)
         return 2
 

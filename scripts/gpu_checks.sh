@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for a lent CUDA machine: the kernel and model tests marked `gpu`
-# (compiled Triton on CUDA) and the decode-attention bandwidth benchmark. It uses that machine's
-# own Python (PYTHON, default python3, with torch, triton and transformers; no virtualenv) and
-# writes its logs and JSON to $OUT (default benchmarks/results).
+# The GPU checks, as one script for a lent CUDA machine:
+#   1. every test marked `gpu` (compiled Triton kernels; the model and the engine on CUDA);
+#   2. the decode-attention bandwidth benchmark;
+#   3. the engine benchmark on CUDA, on a random-weight model with the default model's
+#      architecture and tokenizer (MODEL_CONFIG: a folder with its config.json and tokenizer
+#      files; the real weights are not installed there). Skipped without MODEL_CONFIG.
+# It uses that machine's own Python (PYTHON, default python3, with torch, triton and
+# transformers; no virtualenv) and writes its logs and JSON to $OUT (default benchmarks/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
-"$python" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/runtime/test_model_parity.py \
+"$python" -c 'import torch, triton, transformers as t; print("torch", torch.__version__,
+"triton", triton.__version__, "transformers", t.__version__, "cuda", torch.cuda.is_available())'
+timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest -q -m gpu -p no:cacheprovider \
+    tests/kernels tests/runtime/test_model_parity.py tests/runtime/test_engine.py \
     2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
-"$python" benchmarks/bench_decode_attention_gpu.py --out "$out" 2>&1 | tee "$out/gpu_bench.log"
+timeout 120 "$python" benchmarks/bench_decode_attention_gpu.py --out "$out" 2>&1 \
+    | tee "$out/gpu_bench.log"
 bench=${PIPESTATUS[0]}
-echo "gpu tests exit $tests, bandwidth benchmark exit $bench"
-exit $(( tests || bench ))
+engine=0
+if [[ -n "${MODEL_CONFIG:-}" ]]; then
+    model=/tmp/radixlang-random-model
+    "$python" benchmarks/make_random_model.py "$MODEL_CONFIG" "$model" \
+        && timeout "${ENGINE_TIMEOUT:-300}" "$python" benchmarks/bench_engine.py --model "$model" \
+            --device cuda --out "$out" 2>&1 | tee "$out/gpu_bench_engine.log"
+    engine=${PIPESTATUS[0]}
+fi
+echo "gpu tests exit $tests, bandwidth benchmark exit $bench, engine benchmark exit $engine"
+exit $(( tests || bench || engine ))

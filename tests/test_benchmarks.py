@@ -46,3 +46,28 @@ def test_bench_forward_writes_json_and_plot(tmp_path):
     assert "batch1_time_ratio_at_most_0.7" in run["targets"]
     assert (tmp_path / "bench_forward.png").stat().st_size > 0
     assert result["runs"][0]["prefill"]["tokens"] == 24
+
+
+def test_bench_engine_writes_json_and_plot(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "runtime"))
+    from tiny_models import make_tiny_model
+
+    folder = make_tiny_model("llama", tmp_path / "model")
+    bench = load("bench_engine")
+    args = ["--model", str(folder), "--dtypes", "float32", "--requests", "6"]
+    args += ["--prompt-tokens", "8", "--new-tokens", "5", "--hf-batches", "2", "4"]
+    args += ["--prefix-tokens", "60", "--suffix-tokens", "4", "--ttft-repeats", "2"]
+    args += ["--kv-memory", "4MiB"]
+    result = bench.main([*args, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_engine.json").read_text())
+    (run,) = saved["runs"]
+    throughput = run["throughput"]
+    assert throughput["radixlang"]["tokens_per_s"] > 0
+    # greedy on the same weights: the engine and transformers agree
+    assert throughput["transformers_b2"]["identical_outputs"] == 6
+    assert len(run["ttft"]["cold_ms"]) == len(run["ttft"]["hot_ms"]) == 2
+    assert run["engine_stats"]["running_requests"] == 0
+    assert (tmp_path / "bench_engine.png").stat().st_size > 0
+    assert result["runs"][0]["dtype"] == "float32"

@@ -177,6 +177,18 @@ class RadixCache:
         """Length of the longest cached prefix, without splitting or touching anything."""
         return self._walk(_as_token_list(tokens), split=False)[1]
 
+    def handle_of(self, tokens: Sequence[int]) -> CacheHandle:
+        """A handle on the node that ends exactly after ``tokens``, which must all be cached.
+
+        For a writer that has just inserted its progress and wants to lock what it inserted;
+        unlike :meth:`match_prefix` it counts no query in the hit statistics.
+        """
+        key = _as_token_list(tokens)
+        path, length = self._walk(key, split=True)
+        if length != len(key):
+            raise KeyError(f"only {length} of the {len(key)} tokens are cached")
+        return CacheHandle(path[-1] if path else self.root)
+
     def evictable_size(self) -> int:
         """Blocks held only by unlocked nodes: what evicting everything would free, at most."""
         return self._evictable_blocks

@@ -24,11 +24,13 @@ COMMON = dict(
 KINDS = ("llama", "llama3_rope", "mistral", "qwen2", "qwen3")
 
 
-def tiny_config(kind: str):
+def tiny_config(kind: str, **overrides):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+    common = COMMON | overrides
+
     if kind == "llama":
-        return LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0)
+        return LlamaConfig(**common, tie_word_embeddings=False, rope_theta=10000.0)
     if kind == "llama3_rope":
         rope = {
             "rope_type": "llama3",
@@ -38,23 +40,25 @@ def tiny_config(kind: str):
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64,  # puts one frequency in the blended band
         }
-        return LlamaConfig(**COMMON, tie_word_embeddings=True, rope_parameters=rope)
+        return LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope)
     if kind == "mistral":
-        return MistralConfig(**COMMON, sliding_window=None, head_dim=16)
+        return MistralConfig(**common, sliding_window=None, head_dim=16)
     if kind == "qwen2":
-        return Qwen2Config(**COMMON, tie_word_embeddings=True)
+        return Qwen2Config(**common, tie_word_embeddings=True)
     if kind == "qwen3":
         # head_dim apart from hidden / heads, as in the real Qwen3 models.
-        return Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=False)
+        return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
     raise ValueError(kind)
 
 
-def make_tiny_model(kind: str, folder: Path, seed: int = 0) -> Path:
-    """Write a random ``kind`` model (config.json + model.safetensors) into ``folder``."""
+def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
+    """Write a random ``kind`` model (config.json + model.safetensors) into ``folder``.
+
+    ``overrides`` replace config fields (e.g. ``max_position_embeddings``)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -1,0 +1,248 @@
+"""The engine against transformers' ``generate``, side by side in one process.
+
+One command:  .venv/bin/python benchmarks/bench_engine.py
+Writes benchmarks/results/bench_engine.json and .png.
+
+For each dtype (float32 and bfloat16 by default), on the default model:
+(a) Throughput: 64 requests of 128-token prompts, 128 new tokens each, greedy (EOS ignored, so
+    both sides generate exactly the same number of tokens). radixlang gets all requests at once
+    and batches them continuously; transformers runs ``generate`` on padded batches of 8 and of
+    32. Generated tokens per second of wall time, and radixlang's speedup over the better
+    transformers setting (target: at least 3x).
+(b) Time to first token of a request whose 1,000-token prefix is cached, against the same kind
+    of request on a cold cache (target: at least 10x lower), alternating cold and hot requests.
+The ratios are what to read: the machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.runtime.engine import Engine
+from radixlang.runtime.model_runner import resolve_dtype
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n, length), generator=gen).tolist()
+
+
+def load_transformers(path: Path, dtype: torch.dtype, device: str) -> Any:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+    )
+    return model.to(device).eval()
+
+
+def transformers_generate(
+    model: Any, prompts: list[list[int]], new_tokens: int, batch: int, device: str
+) -> tuple[float, list[list[int]]]:
+    """Seconds for ``generate`` over left-padded batches of ``batch`` prompts, and the outputs."""
+    outputs: list[list[int]] = []
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = prompts[i : i + batch]
+        width = max(map(len, group))
+        ids = torch.full((len(group), width), 2, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(group):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        with torch.no_grad():
+            out = model.generate(
+                ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=2,
+            )
+        outputs += out[:, width:].tolist()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, outputs
+
+
+def engine_generate(
+    engine: Engine, prompts: list[list[int]], new_tokens: int
+) -> tuple[float, list[list[int]]]:
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    engine.flush_cache()
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    return time.perf_counter() - start, [r.output_ids for r in results]
+
+
+def bench_throughput(
+    engine: Engine, hf: Any, args: argparse.Namespace, vocab: int
+) -> dict[str, Any]:
+    prompts = random_prompts(args.requests, args.prompt_tokens, vocab, seed=0)
+    generated = args.requests * args.new_tokens
+    engine_generate(engine, prompts[:2], 2)  # warm up both sides once
+    transformers_generate(hf, prompts[:2], 2, 2, args.device)
+    seconds, ours = engine_generate(engine, prompts, args.new_tokens)
+    result: dict[str, Any] = {
+        "requests": args.requests,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "radixlang": {"seconds": seconds, "tokens_per_s": generated / seconds},
+    }
+    print(f"  radixlang: {seconds:.1f} s, {generated / seconds:.1f} tok/s", flush=True)
+    best = 0.0
+    for batch in args.hf_batches:
+        seconds, theirs = transformers_generate(hf, prompts, args.new_tokens, batch, args.device)
+        same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+        result[f"transformers_b{batch}"] = {
+            "seconds": seconds,
+            "tokens_per_s": generated / seconds,
+            "identical_outputs": same,
+        }
+        best = max(best, generated / seconds)
+        print(
+            f"  transformers b{batch}: {seconds:.1f} s, {generated / seconds:.1f} tok/s, "
+            f"{same}/{len(prompts)} outputs identical",
+            flush=True,
+        )
+    result["speedup_vs_best_transformers"] = result["radixlang"]["tokens_per_s"] / best
+    result["target_3x"] = result["speedup_vs_best_transformers"] >= 3
+    return result
+
+
+def bench_ttft(engine: Engine, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    (prefix,) = random_prompts(1, args.prefix_tokens, vocab, seed=1)
+    suffixes = random_prompts(2 * args.ttft_repeats + 1, args.suffix_tokens, vocab, seed=2)
+    params = {"temperature": 0, "max_new_tokens": 1}
+
+    def ttft(prompt: list[int]) -> float:
+        result = engine.submit(prompt, params).result()
+        assert result.time_to_first_token is not None
+        return result.time_to_first_token
+
+    engine.flush_cache()
+    ttft(prefix + suffixes[-1])  # warm up
+    cold, hot = [], []
+    for i in range(args.ttft_repeats):
+        engine.flush_cache()
+        cold.append(ttft(prefix + suffixes[2 * i]))  # computes the prefix and caches it
+        hot.append(ttft(prefix + suffixes[2 * i + 1]))  # reuses it
+    ratio = statistics.median(cold) / statistics.median(hot)
+    print(
+        f"  TTFT cold {statistics.median(cold) * 1e3:.1f} ms, "
+        f"hot {statistics.median(hot) * 1e3:.1f} ms ({ratio:.1f}x)",
+        flush=True,
+    )
+    return {
+        "prefix_tokens": args.prefix_tokens,
+        "suffix_tokens": args.suffix_tokens,
+        "cold_ms": [t * 1e3 for t in cold],
+        "hot_ms": [t * 1e3 for t in hot],
+        "median_cold_ms": statistics.median(cold) * 1e3,
+        "median_hot_ms": statistics.median(hot) * 1e3,
+        "cold_over_hot": ratio,
+        "target_10x": ratio >= 10,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["radixlang"] + [f"transformers_b{b}" for b in result["config"]["hf_batches"]]
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        values = [run["throughput"][name]["tokens_per_s"] for run in runs]
+        ax1.bar([i + j * width for i in range(len(runs))], values, width, label=name)
+    ax1.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(runs))])
+    ax1.set_xticklabels([run["dtype"] for run in runs])
+    ax1.set_ylabel("generated tokens / s")
+    ax1.set_title("(a) 64 requests x 128 new tokens")
+    ax1.legend()
+    for k, (key, label) in enumerate(
+        [("median_cold_ms", "cold cache"), ("median_hot_ms", "cached prefix")]
+    ):
+        values = [run["ttft"][key] for run in runs]
+        ax2.bar([i + k * 0.4 for i in range(len(runs))], values, 0.4, label=label)
+    ax2.set_xticks([i + 0.2 for i in range(len(runs))])
+    ax2.set_xticklabels([run["dtype"] for run in runs])
+    ax2.set_yscale("log")
+    ax2.set_ylabel("time to first token, ms (log)")
+    ax2.set_title(f"(b) {result['config']['prefix_tokens']}-token prefix")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--hf-batches", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--prefix-tokens", type=int, default=1000)
+    parser.add_argument("--suffix-tokens", type=int, default=16)
+    parser.add_argument("--ttft-repeats", type=int, default=5)
+    parser.add_argument("--kv-memory", default="2GiB")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+
+    files = load_model_files(args.model)
+    vocab = files.config.vocab_size
+    result: dict[str, Any] = {
+        "benchmark": "bench_engine",
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "torch_threads": torch.get_num_threads(),
+            "device": args.device,
+        },
+        "model": files.name,
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "runs": [],
+    }
+    for name in args.dtypes:
+        dtype = resolve_dtype(name)
+        print(f"{name}:", flush=True)
+        engine = Engine(files, dtype=dtype, device=args.device, kv_memory=args.kv_memory)
+        try:
+            hf = load_transformers(files.path, dtype, args.device)
+            run = {
+                "dtype": name,
+                "throughput": bench_throughput(engine, hf, args, vocab),
+                "ttft": bench_ttft(engine, args, vocab),
+                "engine_stats": engine.stats(),
+            }
+            del hf
+        finally:
+            engine.shutdown()
+        result["runs"].append(run)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_engine.json").write_text(json.dumps(result, indent=2, default=str))
+    plot(result, args.out / "bench_engine.png")
+    print(f"wrote {args.out / 'bench_engine.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

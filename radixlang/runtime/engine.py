@@ -1,0 +1,574 @@
+"""The engine: requests in, tokens out, one background thread running ``step()``.
+
+Each step the scheduler picks the chunks to compute (decodes, prefill chunks, new requests), the
+model runner computes them in one packed forward pass, the sampler picks the next tokens, and
+the detokenizer turns them into text, stopping at stop strings. Requests arrive from any thread
+through ``submit``; their handles stream events and hold the final result.
+
+Nothing here knows about programs: the frontend talks to the engine through ``submit``,
+``generate``, ``abort`` and ``flush_cache``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from radixlang.models import DEFAULT_MODEL, ModelFiles
+from radixlang.runtime.block_pool import BlockPool, blocks_for
+from radixlang.runtime.detokenizer import IncrementalDetokenizer
+from radixlang.runtime.handle import EventCallback, RequestHandle
+from radixlang.runtime.model_runner import ModelRunner, SequenceInput
+from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.request import (
+    FinishReason,
+    GenerateRequest,
+    GenerationResult,
+    Req,
+    StreamEvent,
+    TopLogprobs,
+)
+from radixlang.runtime.sampling import SamplingParams, SamplingParamsError, SamplingRow, sample
+from radixlang.runtime.scheduler import Chunk, Scheduler
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 8192}
+THROUGHPUT_WINDOW_S = 10.0
+
+Prompt = str | Sequence[int]
+
+
+class RequestError(ValueError):
+    """A request the engine refuses at submission (bad prompt, bad sampling parameters)."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was shut down."""
+
+
+def parse_memory(value: int | str | None) -> int | None:
+    """Bytes from an int or a size such as ``"512MiB"``, ``"2GB"``, ``"1.5GiB"``."""
+    if value is None or isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", value, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"kv_memory must be bytes or a size like '2GiB'; got {value!r}")
+    unit = m.group(2).upper().removesuffix("B")
+    scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    scale |= {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+    return int(float(m.group(1)) * scale[unit])
+
+
+class Engine:
+    """Continuous batching over a radix prefix cache on one model.
+
+    ``kv_memory`` (bytes or a size string) or ``num_blocks`` sizes the KV pool; by default it
+    takes a share of free memory (see ``kv_cache.default_kv_budget``). With
+    ``background=False`` no thread is started and the caller drives ``step()``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | ModelFiles = DEFAULT_MODEL,
+        kv_memory: int | str | None = None,
+        block_size: int = 16,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device = "cpu",
+        max_batch_tokens: int | None = None,
+        max_running_requests: int = 256,
+        schedule_policy: str = "lpm",
+        num_blocks: int | None = None,
+        kv_dtype: str | torch.dtype | None = None,
+        seed: int = 0,
+        background: bool = True,
+        check_integrity_every_step: bool = False,
+    ) -> None:
+        self.runner = ModelRunner(
+            model,
+            dtype=dtype,
+            device=device,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_budget_bytes=parse_memory(kv_memory),
+            kv_dtype=kv_dtype,
+        )
+        self.files = self.runner.files
+        self.tokenizer = _load_tokenizer(self.files)
+        self.eos_token_ids = self._eos_token_ids()
+        self.pool = BlockPool(self.runner.num_blocks, block_size, copy_hook=self.runner.copy_block)
+        self.cache = RadixCache(self.pool)
+        if max_batch_tokens is None:
+            max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS.get(self.runner.device.type, 2048)
+        self.scheduler = Scheduler(
+            self.pool, self.cache, max_batch_tokens, max_running_requests, schedule_policy
+        )
+        self.check_integrity_every_step = check_integrity_every_step
+        self._generator = torch.Generator().manual_seed(seed)
+        self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._handles: dict[str, RequestHandle] = {}
+        self._reqs: dict[str, Req] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._generated_tokens = 0
+        self._finished_requests = 0
+        self._recent: collections.deque[tuple[float, float, int]] = collections.deque()
+        self._busy_seconds = 0.0
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="radixlang-engine", daemon=True)
+            self._thread.start()
+
+    # ---- public API ------------------------------------------------------------------------
+    @property
+    def max_context(self) -> int:
+        return self.runner.max_context
+
+    def submit(
+        self,
+        request: GenerateRequest | Prompt,
+        sampling: SamplingParams | dict | None = None,
+        *,
+        request_id: str | None = None,
+        on_event: EventCallback | None = None,
+    ) -> RequestHandle:
+        """Queue a request; thread-safe. Bad requests raise ``RequestError`` here."""
+        if not isinstance(request, GenerateRequest):
+            is_text = isinstance(request, str)
+            request = GenerateRequest(
+                text=request if is_text else None,
+                input_ids=None if is_text else request,
+                sampling=sampling,
+                request_id=request_id,
+            )
+        params = self._sampling_params(request.sampling)
+        prompt_ids = self._prompt_ids(request)
+        self._check_fits(prompt_ids, params)
+        rid = request.request_id or uuid.uuid4().hex
+        req = Req(
+            rid=rid,
+            prompt_ids=prompt_ids,
+            params=params,
+            stop_ids=frozenset(params.stop_token_ids)
+            | (frozenset() if params.ignore_eos else self.eos_token_ids),
+            max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids)),
+            generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
+        )
+        handle = RequestHandle(rid, self.abort, on_event)
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("the engine is shut down")
+            if rid in self._handles:
+                raise RequestError(f"request_id {rid!r} is already in use by a live request")
+            self._handles[rid] = handle
+            self._inbox.append(("add", req))
+        self._wake.set()
+        return handle
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Complete one prompt (a string or token ids) or a list of them; waits for all."""
+        single = isinstance(prompts, str) or (
+            len(prompts) > 0 and isinstance(prompts[0], int)  # type: ignore[index]
+        )
+        batch = [prompts] if single else list(prompts)  # type: ignore[list-item]
+        params = sampling if isinstance(sampling, list | tuple) else [sampling] * len(batch)
+        if len(params) != len(batch):
+            raise RequestError(f"{len(batch)} prompts but {len(params)} sampling parameter sets")
+        handles = []
+        try:
+            handles = [self.submit(p, s) for p, s in zip(batch, params, strict=True)]
+            if self._thread is None:
+                while not all(h.done for h in handles):
+                    self.step()
+            results = [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.abort()
+            raise
+        return results[0] if single else results
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request wherever it is; its blocks are released (a no-op once finished)."""
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are in flight."""
+
+        def flush() -> bool:
+            if self.scheduler.has_work():
+                return False
+            self.cache.flush()
+            return True
+
+        return self._call(flush)
+
+    def check_integrity(self) -> None:
+        """Check the pool, the cache and the requests on the engine thread; raises on a fault."""
+        self._call(self.scheduler.check_integrity)
+
+    def stats(self) -> dict[str, float | int]:
+        """Requests, blocks, cached tokens, prompt tokens computed vs reused, throughput."""
+        s = self.scheduler.stats()
+        now = time.perf_counter()
+        recent = [(t0, n) for t0, t1, n in list(self._recent) if now - t1 <= THROUGHPUT_WINDOW_S]
+        s["generated_tokens"] = self._generated_tokens
+        s["finished_requests"] = self._finished_requests
+        # Over the steps of the last few seconds, from the first one's start to now.
+        span = now - recent[0][0] if recent else 0.0
+        s["tokens_per_second"] = sum(n for _, n in recent) / span if span > 0 else 0.0
+        s["busy_tokens_per_second"] = (
+            self._generated_tokens / self._busy_seconds if self._busy_seconds else 0.0
+        )
+        return s
+
+    def render_cache(self, max_nodes: int = 50) -> str:
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return self._call(lambda: self.cache.render(decode=decode, max_nodes=max_nodes))
+
+    def shutdown(self) -> None:
+        """Stop the engine thread; requests still in flight finish with ``abort``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        else:
+            self._abort_all()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- the step --------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one scheduling step and forward pass; False when there was nothing to do."""
+        self._drain_inbox()
+        started = time.perf_counter()
+        schedule = self.scheduler.schedule()
+        for req in schedule.finished:
+            self._complete(req)
+        if not schedule.chunks:
+            return bool(schedule.finished)
+        try:
+            new_tokens = self._run(schedule.chunks)
+        except Exception as e:  # fail this batch's requests; keep serving the others
+            log.exception("engine step failed")
+            for chunk in schedule.chunks:
+                if chunk.req.finish_reason is None:
+                    chunk.req.error = f"{type(e).__name__}: {e}"
+                    self.scheduler.finish(chunk.req, FinishReason.ERROR, cache_kv=False)
+                    self._complete(chunk.req)
+            new_tokens = 0
+        now = time.perf_counter()
+        self._busy_seconds += now - started
+        self._generated_tokens += new_tokens
+        self._recent.append((started, now, new_tokens))
+        while self._recent and now - self._recent[0][1] > THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+        if self.check_integrity_every_step:
+            self.scheduler.check_integrity()
+        return True
+
+    def _run(self, chunks: list[Chunk]) -> int:
+        seqs = []
+        for chunk in chunks:
+            req = chunk.req
+            scored = req.wants_prompt_logprobs and chunk.start < req.prompt_len
+            seqs.append(
+                SequenceInput(
+                    chunk.tokens,
+                    chunk.start,
+                    req.blocks,
+                    return_logprobs=scored,
+                    top_logprobs=req.params.top_logprobs_num if scored else 0,
+                )
+            )
+        out = self.runner.forward(seqs)
+        sampled: list[int] = []
+        for i, chunk in enumerate(chunks):
+            req = chunk.req
+            self.scheduler.commit(chunk)
+            if seqs[i].return_logprobs:
+                self._collect_prompt_logprobs(chunk, out.logits[i], out, i)
+            if chunk.end < len(req.tokens):
+                continue  # a prefill chunk: more of the prompt to come
+            if req.num_output < req.max_new_tokens:
+                sampled.append(i)
+            else:  # prefill only: the prompt is cached now
+                self.scheduler.finish(req, FinishReason.LENGTH)
+                self._complete(req)
+        if not sampled:
+            return 0
+        rows = [
+            SamplingRow(
+                params=chunks[i].req.params,
+                prompt_ids=chunks[i].req.prompt_ids,
+                output_ids=chunks[i].req.output_ids,
+                stop_ids=chunks[i].req.stop_ids,
+                generator=chunks[i].req.generator,
+            )
+            for i in sampled
+        ]
+        picks = sample(out.logits[sampled], rows, self._generator)
+        for row, i in enumerate(sampled):
+            self._append_token(
+                chunks[i].req, picks.token_ids[row], picks.logprobs[row], picks.top_logprobs[row]
+            )
+        return len(sampled)
+
+    def _append_token(
+        self, req: Req, token: int, logprob: float | None, top: TopLogprobs | None
+    ) -> None:
+        req.tokens.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        if req.params.return_logprob:
+            req.output_logprobs.append(logprob)
+            req.output_top_logprobs.append(top)
+        detok = self._detokenizers.get(req.rid)
+        reason = None
+        if token in req.stop_ids:
+            reason, req.matched_stop = FinishReason.STOP, token
+            text = detok.flush() if detok else ""
+        else:
+            check_stop = req.num_output >= req.params.min_new_tokens
+            text = detok.push(token, check_stop=check_stop) if detok else ""
+            if detok is not None and detok.stopped:
+                reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
+            elif req.num_output >= req.max_new_tokens:
+                reason = FinishReason.LENGTH
+                if detok is not None:
+                    text += detok.flush(check_stop=check_stop)
+                    if detok.stopped:  # the stop ended in text held back until now
+                        reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
+        event = StreamEvent(
+            req.rid,
+            [token],
+            text,
+            [logprob] if req.params.return_logprob else [],
+            [top] if req.params.return_logprob else [],
+            finished=reason is not None,
+            finish_reason=reason,
+        )
+        handle = self._handles.get(req.rid)
+        if handle is not None:
+            handle.push(event)
+        if reason is not None:
+            self.scheduler.finish(req, reason)
+            self._complete(req)
+
+    def _collect_prompt_logprobs(self, chunk: Chunk, last: torch.Tensor, out: Any, i: int) -> None:
+        """Record the log-probabilities of the chunk's prompt positions that are owed."""
+        req = chunk.req
+        k = req.params.top_logprobs_num
+        values = out.prompt_logprobs[i]
+        top = out.prompt_top_logprobs[i]
+        end = min(chunk.end, req.prompt_len)
+        for pos in range(req.next_prompt_logprob, end):
+            token = req.tokens[pos]
+            if pos == chunk.start:  # scored by the previous chunk's last row
+                scores = req.boundary_scores
+                assert scores is not None, "a prompt chunk boundary lost its scores"
+                req.prompt_logprobs.append((token, float(scores[token])))
+                if k:
+                    v, ids = scores.topk(k)
+                    req.prompt_top_logprobs.append(_pairs(ids, v))
+                else:
+                    req.prompt_top_logprobs.append(None)
+                continue
+            row = pos - chunk.start - 1
+            req.prompt_logprobs.append((token, float(values[row])))
+            req.prompt_top_logprobs.append(_pairs(top[1][row], top[0][row]) if top else None)
+        if end < req.prompt_len:
+            req.next_prompt_logprob = end
+            req.boundary_scores = torch.log_softmax(last.float(), dim=-1)
+        else:
+            req.next_prompt_logprob = -1
+            req.boundary_scores = None
+
+    def _complete(self, req: Req) -> None:
+        """Hand a finished request its result and forget it."""
+        detok = self._detokenizers.pop(req.rid, None)
+        self._reqs.pop(req.rid, None)
+        with self._lock:
+            handle = self._handles.pop(req.rid, None)
+        self._finished_requests += 1
+        if handle is None:
+            return
+        now = time.perf_counter()
+        reason = req.finish_reason or FinishReason.ABORT
+        if reason in (FinishReason.ABORT, FinishReason.ERROR):
+            tail = detok.flush() if detok else ""
+            if tail or not handle._events or not handle._events[-1].finished:
+                handle.push(StreamEvent(req.rid, [], tail, [], [], True, reason))
+        elif not handle._events or not handle._events[-1].finished:
+            handle.push(StreamEvent(req.rid, [], "", [], [], True, reason))
+        handle.set_result(
+            GenerationResult(
+                request_id=req.rid,
+                text=detok.text if detok else "",
+                output_ids=req.output_ids,
+                prompt_ids=req.prompt_ids,
+                finish_reason=reason,
+                matched_stop=req.matched_stop,
+                prompt_tokens=req.prompt_len,
+                completion_tokens=req.num_output,
+                cached_tokens=req.cached_tokens,
+                output_logprobs=req.output_logprobs,
+                output_top_logprobs=req.output_top_logprobs,
+                prompt_logprobs=req.prompt_logprobs,
+                prompt_top_logprobs=req.prompt_top_logprobs,
+                time_to_first_token=(
+                    req.first_token_time - req.arrival if req.first_token_time else None
+                ),
+                latency=now - req.arrival,
+                error=req.error,
+            )
+        )
+
+    # ---- the thread and its inbox ----------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            self._drain_inbox()
+            if self._closed:
+                break
+            if self.scheduler.has_work():
+                try:
+                    self.step()
+                except Exception:  # a fault outside any one request's batch: say so, go on
+                    log.exception("engine step failed outside the model run")
+            else:
+                self._wake.wait()
+                self._wake.clear()
+        self._abort_all()
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "add":
+                self._reqs[item.rid] = item
+                if self.tokenizer is not None:
+                    self._detokenizers[item.rid] = IncrementalDetokenizer(
+                        self.tokenizer,
+                        item.prompt_ids,
+                        item.params.stop,
+                        item.params.skip_special_tokens,
+                    )
+                self.scheduler.add(item)
+            elif kind == "abort":
+                req = self._reqs.get(item)
+                if req is not None and req.finish_reason is None:
+                    self.scheduler.finish(req, FinishReason.ABORT)
+                    self._complete(req)
+            else:  # "call": run a function on the engine thread
+                fn, future = item
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:
+                        future.set_exception(e)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        if self._thread is None or threading.current_thread() is self._thread:
+            self._drain_inbox()
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._inbox.append(("call", (fn, future)))
+        self._wake.set()
+        return future.result()
+
+    def _abort_all(self) -> None:
+        self._drain_inbox()
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(req, FinishReason.ABORT)
+            self._complete(req)
+
+    # ---- validation ------------------------------------------------------------------------
+    def _sampling_params(self, sampling: SamplingParams | dict | None) -> SamplingParams:
+        try:
+            if sampling is None:
+                return SamplingParams()
+            if isinstance(sampling, dict):
+                return SamplingParams.from_dict(sampling)
+            if isinstance(sampling, SamplingParams):
+                sampling.validate()
+                return sampling
+        except SamplingParamsError as e:
+            raise RequestError(str(e)) from None
+        raise RequestError(f"sampling must be SamplingParams or a dict, not {type(sampling)}")
+
+    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        if (request.text is None) == (request.input_ids is None):
+            raise RequestError("give exactly one of text and input_ids")
+        if request.text is not None:
+            if not isinstance(request.text, str):
+                raise RequestError(f"text must be a string, not {type(request.text).__name__}")
+            if self.tokenizer is None:
+                raise RequestError(f"model {self.files.name} has no tokenizer: send input_ids")
+            ids = list(self.tokenizer.encode(request.text))
+        else:
+            ids = list(request.input_ids)  # type: ignore[arg-type]
+            vocab = self.runner.vocab_size
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise RequestError("input_ids must be a list of ints")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"input_ids hold ids outside [0, {vocab}): {bad[:5]}")
+        if not ids:
+            raise RequestError("the prompt is empty")
+        return ids
+
+    def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        n = len(prompt_ids)
+        if (n >= self.max_context and params.max_new_tokens > 0) or n > self.max_context:
+            raise RequestError(
+                f"the prompt has {n} tokens; the model's context window is {self.max_context} "
+                f"tokens, which must also hold at least one generated token"
+            )
+        need = blocks_for(n + (params.max_new_tokens > 0), self.pool.block_size)
+        if need > self.pool.num_blocks:
+            raise RequestError(
+                f"the prompt needs {need} KV blocks but the pool has {self.pool.num_blocks}: "
+                f"give the engine more kv_memory"
+            )
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer; this model has none")
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        ids = set(self.files.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+
+def _load_tokenizer(files: ModelFiles) -> Any | None:
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if not any((files.path / name).exists() for name in names):
+        return None
+    return files.load_tokenizer()
+
+
+def _pairs(ids: torch.Tensor, values: torch.Tensor) -> TopLogprobs:
+    return [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True)]

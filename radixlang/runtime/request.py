@@ -1,0 +1,173 @@
+"""What a generation request is: its public input and result, and the engine's state for it.
+
+``GenerateRequest`` is what callers submit; ``GenerationResult`` and ``StreamEvent`` are what
+comes back. ``Req`` is the engine's working state: the token sequence (prompt, then output), the
+KV blocks it holds, how much of it is computed, and the cache path it keeps locked.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlang.runtime.radix_cache import CacheHandle
+from radixlang.runtime.sampling import SamplingParams
+
+# (token id, log-probability) pairs, best first.
+TopLogprobs = list[tuple[int, float]]
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_new_tokens, the context window, or a pool too small for the sequence
+    ABORT = "abort"  # abort(request_id), or the engine shut down first
+    ERROR = "error"  # the engine failed while running the request; see ``error``
+
+
+@dataclass
+class GenerateRequest:
+    """One prompt to complete: ``text`` (tokenized by the engine) or ``input_ids``."""
+
+    text: str | None = None
+    input_ids: Sequence[int] | None = None
+    sampling: SamplingParams | dict | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class StreamEvent:
+    """What one engine step produced for one request."""
+
+    request_id: str
+    token_ids: list[int]  # new output tokens
+    text: str  # new text, safe to show (never part of a stop string)
+    logprobs: list[float | None]  # per new token, when return_logprob
+    top_logprobs: list[TopLogprobs | None]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    text: str
+    output_ids: list[int]
+    prompt_ids: list[int]
+    finish_reason: FinishReason
+    matched_stop: str | int | None  # the stop string or stop token id that ended it
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens reused from the radix cache at first admission
+    output_logprobs: list[float | None]
+    output_top_logprobs: list[TopLogprobs | None]
+    # Prompt positions logprob_start_len.. : (position's token, its logprob); position 0 has none.
+    prompt_logprobs: list[tuple[int, float | None]]
+    prompt_top_logprobs: list[TopLogprobs | None]
+    time_to_first_token: float | None  # seconds from submission
+    latency: float  # seconds from submission to finish
+    error: str | None = None
+
+    @property
+    def meta_info(self) -> dict[str, object]:
+        """SGLang's ``meta_info`` fields for this result."""
+        if self.finish_reason is FinishReason.LENGTH:
+            finish: dict[str, object] = {"type": "length", "length": self.completion_tokens}
+        else:
+            finish = {"type": self.finish_reason.value, "matched": self.matched_stop}
+        return {
+            "id": self.request_id,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": finish,
+            "e2e_latency": self.latency,
+        }
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Req:
+    """The engine's state for one request (touched only on the engine thread)."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
+    max_new_tokens: int  # params.max_new_tokens, clipped to the context window
+    tokens: list[int] = field(default_factory=list)  # prompt, then output
+    status: ReqStatus = ReqStatus.WAITING
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    blocks: list[int] = field(default_factory=list)  # one pool reference each
+    num_computed: int = 0  # tokens whose KV is in ``blocks``
+    high_water: int = 0  # most tokens ever computed (a retraction resets num_computed)
+    handle: CacheHandle | None = None  # the locked cache path under ``blocks``
+    cached_tokens: int = 0
+    admitted: bool = False  # admitted at least once (retraction re-admits)
+    num_retractions: int = 0
+    aborted: bool = False
+    generator: torch.Generator | None = None
+    # Log-probabilities.
+    output_logprobs: list[float | None] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    prompt_logprobs: list[tuple[int, float | None]] = field(default_factory=list)
+    prompt_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    next_prompt_logprob: int = -1  # next prompt position whose logprob is owed; -1: none
+    boundary_scores: torch.Tensor | None = None  # log-softmax after the last prefill chunk
+    finish_reason: FinishReason | None = None
+    matched_stop: str | int | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+        start = self.params.logprob_start_len
+        if self.params.return_logprob and 0 <= start < len(self.prompt_ids):
+            if start == 0:  # nothing precedes the first token: it has no log-probability
+                self.prompt_logprobs.append((self.prompt_ids[0], None))
+                self.prompt_top_logprobs.append(None)
+                start = 1
+            self.next_prompt_logprob = start if start < len(self.prompt_ids) else -1
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.next_prompt_logprob >= 0
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than the one newest token is left to compute (a prompt, or a re-admission)."""
+        return len(self.tokens) - self.num_computed > 1
+
+    def reuse_limit(self) -> int:
+        """How many leading tokens may come from the cache.
+
+        The last token is always computed when its logits are needed (to sample, or to score the
+        prompt); a prompt's tokens are computed from one before the first position to score.
+        """
+        limit = len(self.tokens)
+        if self.num_output < self.max_new_tokens or self.wants_prompt_logprobs:
+            limit -= 1
+        if self.wants_prompt_logprobs:
+            limit = min(limit, max(self.next_prompt_logprob - 1, 0))
+        return limit

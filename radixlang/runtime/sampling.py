@@ -1,0 +1,541 @@
+"""Sampling parameters and batched next-token sampling.
+
+:class:`SamplingParams` mirrors SGLang's sampling parameters (names, defaults, semantics) and
+validates them up front, so a bad request fails at admission with a message naming the field
+rather than deep inside a batch.
+
+:func:`sample` turns one row of logits per running request into one token per request. Per row,
+in order: the allowed-token mask and the ``min_new_tokens`` stop-token mask, then repetition,
+frequency and presence penalties, then (sampled rows only) temperature, top-k, top-p and min-p
+filtering and one draw. Greedy rows take the argmax after masks and penalties and draw nothing.
+top-k, top-p and min-p are applied jointly to the temperature-scaled distribution (SGLang's
+"joint" order): top-p's mass is that of the full distribution, not renormalised after top-k;
+min-p is relative to the most likely token.
+
+Reproducibility: a sampled row consumes exactly one ``torch.rand(1)`` from its generator per
+token and picks by inverse CDF over its own filtered distribution, and which computation a row
+goes through depends only on its own parameters. So a seeded request yields the same tokens
+whether it runs alone or in any batch, at any position.
+
+Logprobs (``return_logprob``, ``top_logprobs_num``) are the log-softmax of the model's RAW logits,
+before penalties, masks, temperature or filtering: they describe the model, not the sampler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+# Inclusive range torch.Generator.manual_seed accepts.
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**64 - 1
+
+# A top-p row without top-k first samples among this many best tokens (a topk, much cheaper than
+# sorting ~50k probabilities); it falls back to a full sort only when the nucleus may be larger.
+_NUCLEUS_CANDIDATES = 1024
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is invalid; the message names the field."""
+
+
+def _check_int(name: str, value: object) -> int:
+    # bool is an int subclass, but True as max_new_tokens is a caller bug, not a count.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SamplingParamsError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SamplingParamsError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SamplingParamsError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling parameters (SGLang names and semantics).
+
+    ``stop`` also accepts a single string and ``stop``/``stop_token_ids`` accept None (both
+    normalised to lists). ``top_k`` 0 is normalised to -1 (off).
+    """
+
+    max_new_tokens: int = 128  # 0: prefill only, nothing is generated
+    min_new_tokens: int = 0  # stop tokens are masked until this many tokens were generated
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0): off
+    min_p: float = 0.0
+    # HF/CTRL: over prompt + generated tokens, a positive logit is divided, a negative multiplied.
+    repetition_penalty: float = 1.0
+    # OpenAI: over generated tokens, logit -= frequency * count + presence * (count > 0).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # -1: no prompt logprobs; else prompt logprobs from this position
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (raising :class:`SamplingParamsError`) and normalise in place."""
+        self.max_new_tokens = _check_int("max_new_tokens", self.max_new_tokens)
+        if self.max_new_tokens < 0:
+            raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        self.min_new_tokens = _check_int("min_new_tokens", self.min_new_tokens)
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise SamplingParamsError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
+
+        self.temperature = _check_float("temperature", self.temperature)
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SamplingParamsError(
+                f"temperature must be finite and >= 0, got {self.temperature}"
+            )
+        self.top_p = _check_float("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:  # also rejects NaN
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.top_k = _check_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise SamplingParamsError(f"top_k must be -1 (off), 0 (off) or > 0, got {self.top_k}")
+        if self.top_k == 0:
+            self.top_k = -1
+        self.min_p = _check_float("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
+
+        self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty)
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise SamplingParamsError(
+                f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = _check_float(name, getattr(self, name))
+            if not -2 <= value <= 2:
+                raise SamplingParamsError(f"{name} must be in [-2, 2], got {value}")
+            setattr(self, name, value)
+
+        if self.seed is not None:
+            self.seed = _check_int("seed", self.seed)
+            if not _SEED_MIN <= self.seed <= _SEED_MAX:
+                raise SamplingParamsError(
+                    f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}"
+                )
+
+        self.stop = self._normalise_stop(self.stop)
+        self.stop_token_ids = self._normalise_stop_token_ids(self.stop_token_ids)
+        self.ignore_eos = _check_bool("ignore_eos", self.ignore_eos)
+        self.skip_special_tokens = _check_bool("skip_special_tokens", self.skip_special_tokens)
+
+        self.return_logprob = _check_bool("return_logprob", self.return_logprob)
+        self.top_logprobs_num = _check_int("top_logprobs_num", self.top_logprobs_num)
+        if self.top_logprobs_num < 0:
+            raise SamplingParamsError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
+        self.logprob_start_len = _check_int("logprob_start_len", self.logprob_start_len)
+        if self.logprob_start_len < -1:
+            raise SamplingParamsError(
+                f"logprob_start_len must be -1 (off) or >= 0, got {self.logprob_start_len}"
+            )
+
+    @staticmethod
+    def _normalise_stop(stop: object) -> list[str]:
+        if stop is None:
+            return []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list | tuple):
+            raise SamplingParamsError(
+                f"stop must be a str or a list of str, got {type(stop).__name__}"
+            )
+        for s in stop:
+            if not isinstance(s, str):
+                raise SamplingParamsError(f"stop entries must be str, got {type(s).__name__} {s!r}")
+            if not s:
+                # An empty stop string would match at every position and end every request.
+                raise SamplingParamsError("stop entries must be non-empty strings")
+        return list(stop)
+
+    @staticmethod
+    def _normalise_stop_token_ids(ids: object) -> list[int]:
+        if ids is None:
+            return []
+        if isinstance(ids, str | bytes) or not isinstance(ids, list | tuple | set | frozenset):
+            raise SamplingParamsError(
+                f"stop_token_ids must be a list of int, got {type(ids).__name__}"
+            )
+        out = [_check_int("stop_token_ids entry", i) for i in ids]
+        for i in out:
+            if i < 0:
+                raise SamplingParamsError(f"stop_token_ids entries must be >= 0, got {i}")
+        return out
+
+    @property
+    def is_greedy(self) -> bool:
+        """Deterministic argmax decoding: no random draw is made for this request."""
+        return self.temperature == 0 or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
+        """Build from a request's JSON object; unknown keys are rejected, None means default."""
+        if not isinstance(d, Mapping):
+            raise SamplingParamsError(f"sampling params must be an object, got {type(d).__name__}")
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(str(k) for k in d if k not in valid)
+        if unknown:
+            raise SamplingParamsError(
+                f"unknown sampling parameter(s) {', '.join(unknown)}; "
+                f"valid keys: {', '.join(valid)}"
+            )
+        # JSON clients often send null for "unset": leave the dataclass default in place.
+        return cls(**{k: v for k, v in d.items() if v is not None})
+
+
+@dataclass
+class SamplingRow:
+    """One request's row in a :func:`sample` call."""
+
+    params: SamplingParams
+    prompt_ids: Sequence[int]  # for repetition_penalty
+    output_ids: Sequence[int]  # generated so far: penalties, min_new_tokens
+    # EOS + stop_token_ids: masked (-inf) while len(output_ids) < params.min_new_tokens.
+    stop_ids: frozenset[int]
+    # Per-request generator (seeded requests); None: the shared generator passed to sample().
+    generator: torch.Generator | None
+    # Optional bool [vocab]: only these tokens may be chosen (greedy rows included).
+    allowed_mask: torch.Tensor | None = None
+
+
+@dataclass
+class SampleOutput:
+    """One token per row, plus logprobs (of the RAW logits) where the row asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[float | None]  # logprob of the chosen token; None unless return_logprob
+    # top_logprobs_num (id, logprob) pairs, best first; None unless return_logprob and num > 0.
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+def _stop_masked(row: SamplingRow) -> bool:
+    return bool(row.stop_ids) and len(row.output_ids) < row.params.min_new_tokens
+
+
+def _uses_penalties(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
+def _needs_sort(p: SamplingParams) -> bool:
+    return p.top_p < 1.0 or p.top_k > 0
+
+
+def _check_ids(ids: Sequence[int], vocab: int, what: str, row: int) -> None:
+    # Out-of-range indices are a device-side assert on CUDA; fail here with a readable message.
+    if ids and (min(ids) < 0 or max(ids) >= vocab):
+        raise ValueError(f"row {row}: {what} holds a token id outside [0, {vocab})")
+
+
+def _apply_masks(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place: restrict to allowed tokens and forbid stop tokens before min_new_tokens."""
+    vocab = x.shape[1]
+    masked_rows: list[int] = []
+    allow_idx: list[int] = []
+    allow_masks: list[torch.Tensor] = []
+    stop_rows: list[int] = []
+    stop_toks: list[int] = []
+    for i, row in enumerate(rows):
+        if row.allowed_mask is not None:
+            m = row.allowed_mask
+            if m.dtype != torch.bool or m.shape != (vocab,):
+                raise ValueError(
+                    f"row {i}: allowed_mask must be a bool tensor of shape ({vocab},), "
+                    f"got {m.dtype} {tuple(m.shape)}"
+                )
+            allow_idx.append(i)
+            allow_masks.append(m.to(x.device))
+            masked_rows.append(i)
+        if _stop_masked(row):
+            # A stop id the logits cannot produce is already impossible: skip it.
+            toks = [t for t in row.stop_ids if 0 <= t < vocab]
+            stop_rows.extend([i] * len(toks))
+            stop_toks.extend(toks)
+            masked_rows.append(i)
+    if allow_idx:
+        idx = torch.tensor(allow_idx, device=x.device)
+        allowed = torch.stack(allow_masks)
+        x[idx] = x[idx].masked_fill(~allowed, -math.inf)
+    if stop_toks:
+        x[
+            torch.tensor(stop_rows, device=x.device),
+            torch.tensor(stop_toks, device=x.device),
+        ] = -math.inf
+    if masked_rows:
+        idx = torch.tensor(sorted(set(masked_rows)), device=x.device)
+        alive = (x[idx] > -math.inf).any(dim=1).tolist()
+        for i, ok in zip(idx.tolist(), alive, strict=True):
+            if not ok:
+                raise ValueError(f"row {i}: every token is masked; nothing can be sampled")
+
+
+def _apply_penalties(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place: repetition penalty, then frequency/presence penalties, on the rows using them."""
+    vocab = x.shape[1]
+    dev = x.device
+    rep_rows: list[int] = []
+    rep_toks: list[int] = []
+    rep_vals: list[float] = []
+    fp_idx: list[int] = []
+    fp_rows: list[int] = []  # local index into fp_idx, one per generated token
+    fp_toks: list[int] = []
+    freq: list[float] = []
+    pres: list[float] = []
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.repetition_penalty != 1.0:
+            _check_ids(row.prompt_ids, vocab, "prompt_ids", i)
+            _check_ids(row.output_ids, vocab, "output_ids", i)
+            # Each seen token is penalised once, however often it occurred (the set also
+            # keeps the scatter below small for long prompts).
+            toks = list(set(row.prompt_ids) | set(row.output_ids))
+            rep_rows.extend([i] * len(toks))
+            rep_toks.extend(toks)
+            rep_vals.extend([p.repetition_penalty] * len(toks))
+        if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and row.output_ids:
+            _check_ids(row.output_ids, vocab, "output_ids", i)
+            fp_rows.extend([len(fp_idx)] * len(row.output_ids))
+            fp_toks.extend(row.output_ids)
+            fp_idx.append(i)
+            freq.append(p.frequency_penalty)
+            pres.append(p.presence_penalty)
+    if rep_toks:
+        r = torch.tensor(rep_rows, device=dev)
+        t = torch.tensor(rep_toks, device=dev)
+        pen = torch.tensor(rep_vals, dtype=x.dtype, device=dev)
+        vals = x[r, t]
+        x[r, t] = torch.where(vals > 0, vals / pen, vals * pen)
+    if fp_toks:
+        k = len(fp_idx)
+        flat = torch.tensor(fp_rows, device=dev) * vocab + torch.tensor(fp_toks, device=dev)
+        counts = torch.bincount(flat, minlength=k * vocab).view(k, vocab).to(x.dtype)
+        f = torch.tensor(freq, dtype=x.dtype, device=dev).unsqueeze(1)
+        pr = torch.tensor(pres, dtype=x.dtype, device=dev).unsqueeze(1)
+        idx = torch.tensor(fp_idx, device=dev)
+        x[idx] = x[idx] - (f * counts + pr * (counts > 0).to(x.dtype))
+
+
+def _rows(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    """x restricted to rows idx; no copy when that is every row in order (the common case)."""
+    if len(idx) == x.shape[0]:
+        return x
+    return x[torch.tensor(idx, device=x.device)]
+
+
+def _probs(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature-scaled softmax; subtracting the row max first keeps tiny temperatures finite.
+
+    softmax (not exp on the flat tensor) on purpose: its kernel works row by row, so a row's
+    probabilities are bit-identical whatever the batch around it.
+    """
+    z = x - x.amax(dim=1, keepdim=True)
+    if any(p.temperature != 1.0 for p in params):
+        temp = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=x.device)
+        z.div_(temp.unsqueeze(1))
+    return torch.softmax(z, dim=1)
+
+
+def _pick(cdf: torch.Tensor, last: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF: the first position whose cumulative mass exceeds u * last.
+
+    Scaling u by the row's own total avoids renormalising. The target is kept strictly below
+    the total (u * last can round up to it), so a position where the cdf does not rise, i.e. a
+    zero-probability token, can never be the first to exceed it.
+    """
+    target = torch.minimum(u.unsqueeze(1) * last, torch.nextafter(last, torch.zeros_like(last)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+
+def _sample_unsorted(
+    x: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
+) -> torch.Tensor:
+    """Rows without top-k/top-p: min-p in place, then inverse CDF in vocab order (no sort)."""
+    probs = _probs(x, params)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=x.device)
+        threshold = probs.amax(dim=1, keepdim=True) * min_p.unsqueeze(1)
+        probs.masked_fill_(probs < threshold, 0.0)
+    cdf = torch.cumsum(probs, dim=1)
+    return _pick(cdf, cdf[:, -1:], u).clamp_(max=x.shape[1] - 1)
+
+
+def _sample_prefix(
+    probs: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample among each row's k most likely tokens, with top-k, top-p and min-p applied.
+
+    Returns the tokens and, per row, whether the filters provably cut inside those k tokens
+    (always true with top_k set or k == vocab). top-p is measured on the full distribution,
+    jointly with top-k (SGLang's "joint" order), not renormalised after top-k.
+    """
+    vocab, dev = probs.shape[1], probs.device
+    if k >= vocab:
+        # Stable, so tied tokens keep vocab order and the result never depends on the batch.
+        vals, idx = torch.sort(probs, dim=1, descending=True, stable=True)
+    else:
+        vals, idx = torch.topk(probs, k, dim=1)  # best first
+    cdf = torch.cumsum(vals, dim=1)
+    # top-k, top-p and min-p each keep the first n tokens of the best-first order, so
+    # filtering is just the smallest n: no masking pass and no second cumsum.
+    keep = torch.tensor([min(p.top_k, k) if p.top_k > 0 else k for p in params], device=dev)
+    if any(p.top_p < 1.0 for p in params):
+        # Nucleus: keep a token while the mass strictly before it is below top_p (so the best
+        # token always stays); top_p == 1 keeps all, whatever float drift the cumsum has.
+        top_p = [p.top_p if p.top_p < 1.0 else math.inf for p in params]
+        within = (cdf - vals) < torch.tensor(top_p, dtype=vals.dtype, device=dev).unsqueeze(1)
+        keep = torch.minimum(keep, within.sum(dim=1))
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], dtype=vals.dtype, device=dev)
+        keep = torch.minimum(keep, (vals >= vals[:, :1] * min_p.unsqueeze(1)).sum(dim=1))
+    last_pos = (keep.clamp(min=1) - 1).unsqueeze(1)
+    pick = torch.minimum(_pick(cdf, cdf.gather(1, last_pos), u), last_pos.squeeze(1))
+    tokens = idx.gather(1, pick.unsqueeze(1)).squeeze(1)
+    capped = torch.tensor([p.top_k > 0 or k >= vocab for p in params], device=dev)
+    return tokens, capped | (keep < k)
+
+
+def _sample_sorted(
+    x: torch.Tensor, params: Sequence[SamplingParams], u: torch.Tensor
+) -> torch.Tensor:
+    """Rows with top-k or top-p, without sorting the whole vocab where that can be avoided.
+
+    A top-k row only looks at its top_k best tokens (topk, far cheaper than a sort). A top-p
+    row first tries its _NUCLEUS_CANDIDATES best; only if the nucleus may reach past them is
+    the row fully sorted. Both choices depend on the row alone, never on its batch.
+    """
+    vocab = x.shape[1]
+    probs = _probs(x, params)
+    tokens = torch.empty(len(params), dtype=torch.long, device=x.device)
+    groups: dict[int, list[int]] = {}
+    for j, p in enumerate(params):
+        k = p.top_k if p.top_k > 0 else _NUCLEUS_CANDIDATES
+        groups.setdefault(min(k, vocab), []).append(j)
+    retry: list[int] = []
+    for k, js in groups.items():
+        sel = torch.tensor(js, device=x.device)
+        picked, done = _sample_prefix(_rows(probs, js), [params[j] for j in js], u[sel], k)
+        tokens[sel] = picked
+        retry += [j for j, ok in zip(js, done.tolist(), strict=True) if not ok]
+    if retry:
+        sel = torch.tensor(retry, device=x.device)
+        picked, _ = _sample_prefix(probs[sel], [params[j] for j in retry], u[sel], vocab)
+        tokens[sel] = picked
+    return tokens
+
+
+def _draw(rows: Sequence[SamplingRow], shared: torch.Generator | None) -> torch.Tensor:
+    """One uniform per row, each from the row's own generator (or the shared one, in row order)."""
+    draws = []
+    for row in rows:
+        g = row.generator if row.generator is not None else shared
+        if g is None:
+            draws.append(torch.rand(1))  # torch's default generator
+        else:
+            draws.append(torch.rand(1, generator=g, device=g.device).cpu())
+    return torch.cat(draws)
+
+
+def sample(
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    generator: torch.Generator | None = None,
+) -> SampleOutput:
+    """Pick one token per row of ``logits`` (``[len(rows), vocab]``); ``logits`` is not modified.
+
+    Rows whose ``generator`` is None draw from ``generator`` (in row order), or torch's default
+    generator if that is None too. Returned logprobs are those of the raw ``logits``.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(
+            f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}"
+        )
+    n, vocab = logits.shape
+    if n == 0:
+        return SampleOutput([], [], [])
+    params = [r.params for r in rows]
+    want_lp = [p.return_logprob for p in params]
+    modify = [
+        r.allowed_mask is not None or _stop_masked(r) or _uses_penalties(r.params) for r in rows
+    ]
+    greedy = [p.is_greedy for p in params]
+
+    # Fast path (the common decode step): plain argmax, one host transfer.
+    if all(greedy) and not any(modify) and not any(want_lp):
+        return SampleOutput(logits.argmax(dim=1).tolist(), [None] * n, [None] * n)
+
+    raw = logits if logits.dtype == torch.float32 else logits.float()
+    x = raw
+    if any(modify):
+        # Copy so the caller's logits and the raw logprobs below stay untouched.
+        x = raw.clone()
+        _apply_masks(x, rows)
+        _apply_penalties(x, rows)
+
+    greedy_idx = [i for i in range(n) if greedy[i]]
+    sampled_idx = [i for i in range(n) if not greedy[i]]
+    if not sampled_idx:
+        tokens = x.argmax(dim=1)
+    else:
+        tokens = torch.empty(n, dtype=torch.long, device=x.device)
+        if greedy_idx:
+            tokens[torch.tensor(greedy_idx, device=x.device)] = _rows(x, greedy_idx).argmax(1)
+        # Draws are taken in row order before splitting, so the shared generator's sequence
+        # follows the batch order; each row still takes exactly one.
+        u_all = _draw([rows[i] for i in sampled_idx], generator).to(x.device)
+        # The sort path is taken per row, by the row's own parameters, never the batch's.
+        for use_sort in (False, True):
+            pos = [j for j, i in enumerate(sampled_idx) if _needs_sort(params[i]) == use_sort]
+            if not pos:
+                continue
+            idx = [sampled_idx[j] for j in pos]
+            u = u_all if len(pos) == len(u_all) else u_all[torch.tensor(pos, device=x.device)]
+            fn = _sample_sorted if use_sort else _sample_unsorted
+            picked = fn(_rows(x, idx), [params[i] for i in idx], u)
+            if len(idx) == n:
+                tokens = picked
+            else:
+                tokens[torch.tensor(idx, device=x.device)] = picked
+
+    token_ids = tokens.tolist()
+    logprobs: list[float | None] = [None] * n
+    top_logprobs: list[list[tuple[int, float]] | None] = [None] * n
+    lp_idx = [i for i in range(n) if want_lp[i]]
+    if lp_idx:
+        lp = torch.log_softmax(_rows(raw, lp_idx), dim=1)
+        chosen_ids = _rows(tokens.unsqueeze(1), lp_idx)
+        chosen = lp.gather(1, chosen_ids).squeeze(1).tolist()
+        for i, v in zip(lp_idx, chosen, strict=True):
+            logprobs[i] = v
+        k_max = min(max(params[i].top_logprobs_num for i in lp_idx), vocab)
+        if k_max > 0:
+            top_v, top_i = lp.topk(k_max, dim=1)
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+            for j, i in enumerate(lp_idx):
+                k = min(params[i].top_logprobs_num, vocab)
+                if k > 0:
+                    top_logprobs[i] = list(zip(top_i[j][:k], top_v[j][:k], strict=True))
+    return SampleOutput(token_ids, logprobs, top_logprobs)

@@ -1,0 +1,400 @@
+"""The scheduler: which requests compute which tokens in the next step, and the KV blocks for it.
+
+Every step it (1) gives each running request its next tokens — one for a decode, a chunk under
+the token budget for a prompt still prefilling — and secures their blocks, evicting cached
+prefixes and, when that is not enough, retracting the running request that loses least; then
+(2) admits waiting requests in a prefix-aware order while the budget and the pool (free plus
+evictable blocks, less a reserve for the running requests' growth) allow.
+
+Prefix reuse is token-granular: an admitted request takes the blocks of its longest cached prefix
+(one reference each), copies a partly shared last block on write, and computes only the rest. A
+prompt's progress goes into the radix cache after every prefill chunk, so requests that share an
+uncached prefix with a prompt being computed wait for it and then hit it, instead of computing
+it again. Finished and retracted requests leave their KV in the cache.
+
+The scheduler owns no model: the engine runs the chunks and reports back through ``commit``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from radixlang.runtime.block_pool import BlockPool, IntegrityError, blocks_for
+from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.request import FinishReason, Req, ReqStatus
+
+# Waiting queues longer than this are ordered first-come-first-served: prefix-aware ordering
+# walks the tree once per waiting request every step.
+MAX_PREFIX_ORDERED = 1024
+# Prompt-logprob chunks are capped: every token of them needs a full row of logits.
+MAX_LOGPROB_CHUNK = 512
+# The reserve for running requests' growth assumes they generate this fraction of their
+# remaining max_new_tokens; it decays while memory holds and jumps after a retraction.
+INITIAL_NEW_TOKEN_RATIO = 0.5
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
+
+
+class SchedulePolicy(enum.StrEnum):
+    LPM = "lpm"  # longest cached prefix first
+    DFS_WEIGHT = "dfs-weight"  # depth-first over the waiting prompts' trie, largest subtree first
+    FCFS = "fcfs"  # arrival order
+
+
+@dataclass
+class Chunk:
+    """Compute ``req.tokens[start:end]`` in the next forward pass."""
+
+    req: Req
+    start: int
+    end: int
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.req.tokens[self.start : self.end]
+
+
+@dataclass
+class Schedule:
+    chunks: list[Chunk] = field(default_factory=list)
+    # Requests that finished without computing anything: prefill-only prompts already cached,
+    # or sequences that outgrew the whole pool.
+    finished: list[Req] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerCounters:
+    prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    prompt_tokens_reused: int = 0  # of those, taken from the cache
+    prompt_tokens_computed: int = 0  # prompt positions computed (not counting re-runs)
+    recomputed_tokens: int = 0  # positions computed again after a retraction
+    retractions: int = 0
+    steps: int = 0
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # binary search on slice equality: O(log n) comparisons done in C
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: BlockPool,
+        cache: RadixCache,
+        max_batch_tokens: int = 2048,
+        max_running_requests: int = 256,
+        policy: SchedulePolicy | str = SchedulePolicy.LPM,
+        defer_min_shared_tokens: int = 1,
+    ) -> None:
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        try:
+            self.policy = SchedulePolicy(policy)
+        except ValueError:
+            names = ", ".join(p.value for p in SchedulePolicy)
+            raise ValueError(f"schedule_policy must be one of {names}; got {policy!r}") from None
+        self.pool = pool
+        self.cache = cache
+        self.block_size = pool.block_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_running_requests = max_running_requests
+        self.defer_min_shared_tokens = defer_min_shared_tokens
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.new_token_ratio = INITIAL_NEW_TOKEN_RATIO
+        self.counters = SchedulerCounters()
+
+    # ---- queue ---------------------------------------------------------------------------
+    def add(self, req: Req) -> None:
+        req.status = ReqStatus.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> Schedule:
+        """Choose the next step's chunks and hold the blocks they write."""
+        out = Schedule()
+        budget = self.max_batch_tokens
+        plan: list[tuple[Req, int]] = []
+        for req in self.running:  # decodes first: one token each, never starved
+            if not req.is_prefilling:
+                plan.append((req, len(req.tokens) - req.num_computed))
+                budget -= plan[-1][1]
+        for req in self.running:  # then prompts still prefilling, oldest first
+            if req.is_prefilling and budget > 0:
+                plan.append((req, self._chunk_len(req, budget)))
+                budget -= plan[-1][1]
+        plan = self._secure_blocks(plan, out)
+        if budget > 0 and self.waiting:
+            self._admit(plan, budget, out)
+        out.chunks = [Chunk(req, req.num_computed, req.num_computed + n) for req, n in plan]
+        if out.chunks:
+            self.counters.steps += 1
+            self.new_token_ratio = max(
+                MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+            )
+        return out
+
+    def commit(self, chunk: Chunk) -> None:
+        """The chunk's KV is now in the request's blocks."""
+        req = chunk.req
+        assert req.num_computed == chunk.start, "chunks must be committed in order"
+        req.num_computed = chunk.end
+        # Positions below the high-water mark were computed before a retraction.
+        again = max(0, min(chunk.end, req.high_water) - chunk.start)
+        first = max(0, min(chunk.end, req.prompt_len) - max(chunk.start, req.high_water))
+        self.counters.recomputed_tokens += again
+        self.counters.prompt_tokens_computed += first
+        req.high_water = max(req.high_water, chunk.end)
+        if chunk.start < req.prompt_len or chunk.end - chunk.start > 1:
+            self._cache_progress(req)
+
+    def finish(self, req: Req, reason: FinishReason, cache_kv: bool = True) -> None:
+        """Release everything ``req`` holds; its computed KV stays in the cache."""
+        if req.status is ReqStatus.RUNNING:
+            self._release(req, cache_kv)
+            self.running.remove(req)
+        elif req.status is ReqStatus.WAITING:
+            self.waiting.remove(req)
+        req.status = ReqStatus.FINISHED
+        req.finish_reason = reason
+
+    def retract(self, req: Req) -> None:
+        """Send a running request back to the queue; its KV stays in the cache for the re-run."""
+        self._release(req, cache_kv=True)
+        self.running.remove(req)
+        req.status = ReqStatus.WAITING
+        req.num_retractions += 1
+        self.waiting.insert(0, req)
+        self.counters.retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
+
+    # ---- memory --------------------------------------------------------------------------
+    def _secure_blocks(self, plan: list[tuple[Req, int]], out: Schedule) -> list[tuple[Req, int]]:
+        """Allocate the blocks ``plan`` writes; evict, then retract, when the pool is short."""
+        while True:
+            need = sum(self._new_blocks(req, n) for req, n in plan)
+            if need > self.pool.num_free:
+                self.cache.evict(need - self.pool.num_free)
+            if need <= self.pool.num_free:
+                break
+            if len(self.running) == 1:  # alone, with everything else evictable: it outgrew
+                (req,) = self.running  # the whole pool
+                self.finish(req, FinishReason.LENGTH)
+                out.finished.append(req)
+                plan = []
+                continue
+            victim = self._retract_victim()
+            self.retract(victim)
+            plan = [(r, n) for r, n in plan if r is not victim]
+        for req, n in plan:
+            req.blocks += self.pool.alloc(self._new_blocks(req, n))
+        return plan
+
+    def _new_blocks(self, req: Req, n: int) -> int:
+        return max(0, blocks_for(req.num_computed + n, self.block_size) - len(req.blocks))
+
+    def _retract_victim(self) -> Req:
+        """The running request that loses least: fewest generated tokens, then newest."""
+        return min(self.running, key=lambda r: (r.num_output, -r.arrival))
+
+    def _reserve_blocks(self) -> int:
+        """Blocks the running requests are expected to need for their remaining tokens."""
+        tokens = sum(
+            max(0, r.max_new_tokens - r.num_output) * self.new_token_ratio for r in self.running
+        )
+        return math.ceil(tokens / self.block_size)
+
+    def _release(self, req: Req, cache_kv: bool) -> None:
+        if cache_kv and req.num_computed:
+            self.cache.insert(req.tokens[: req.num_computed], req.blocks)
+        if req.handle is not None:
+            self.cache.unlock(req.handle)
+        self.pool.decref(req.blocks)
+        req.blocks = []
+        req.num_computed = 0
+        req.handle = None
+        req.boundary_scores = None
+
+    def _cache_progress(self, req: Req) -> None:
+        """Put the computed part of ``req`` into the cache and lock it instead of the old path."""
+        key = req.tokens[: req.num_computed]
+        self.cache.insert(key, req.blocks)
+        handle = self.cache.handle_of(key)
+        self.cache.lock(handle)
+        if req.handle is not None:
+            self.cache.unlock(req.handle)
+        req.handle = handle
+
+    # ---- admission -----------------------------------------------------------------------
+    def _admit(self, plan: list[tuple[Req, int]], budget: int, out: Schedule) -> None:
+        inflight = [r for r in self.running if r.is_prefilling]
+        for req in self._ordered_waiting():
+            if budget <= 0 or len(self.running) >= self.max_running_requests:
+                break
+            key = req.tokens[: req.reuse_limit()]
+            cached = self.cache.peek_prefix_len(key)
+            if self._shares_uncached_prefix(req, cached, inflight):
+                continue  # a prompt being computed holds its next tokens: hit them next step
+            match = self.cache.match_prefix(key)
+            self.cache.lock(match.handle)
+            start = match.length
+            n = self._chunk_len(req, budget, start)
+            partial = start % self.block_size if n else 0
+            need = blocks_for(start + n, self.block_size) - len(match.blocks) + bool(partial)
+            available = self.pool.num_free + self.cache.evictable_size()
+            if (self.running and need + self._reserve_blocks() > available) or need > available:
+                self.cache.unlock(match.handle)
+                break
+            if need > self.pool.num_free:
+                self.cache.evict(need - self.pool.num_free)
+            if need > self.pool.num_free:  # evictable blocks still shared elsewhere
+                self.cache.unlock(match.handle)
+                break
+            self.pool.incref(match.blocks)
+            blocks = list(match.blocks)
+            if partial:
+                blocks[-1] = self.pool.copy_on_write(blocks[-1], partial)
+            blocks += self.pool.alloc(blocks_for(start + n, self.block_size) - len(blocks))
+            req.blocks, req.num_computed, req.handle = blocks, start, match.handle
+            self.waiting.remove(req)
+            req.status = ReqStatus.RUNNING
+            self.running.append(req)
+            if not req.admitted:
+                req.admitted = True
+                req.cached_tokens = min(start, req.prompt_len)
+                self.counters.prompt_tokens += req.prompt_len
+                self.counters.prompt_tokens_reused += req.cached_tokens
+            if n == 0:  # a prefill-only prompt, all cached
+                self.finish(req, FinishReason.LENGTH)
+                out.finished.append(req)
+                continue
+            plan.append((req, n))
+            budget -= n
+            if req.is_prefilling:
+                inflight.append(req)
+
+    def _chunk_len(self, req: Req, budget: int, start: int | None = None) -> int:
+        start = req.num_computed if start is None else start
+        n = min(len(req.tokens) - start, budget)
+        if req.wants_prompt_logprobs:
+            n = min(n, MAX_LOGPROB_CHUNK)
+        return n
+
+    def _shares_uncached_prefix(self, req: Req, cached: int, inflight: list[Req]) -> bool:
+        need = cached + self.defer_min_shared_tokens
+        return any(
+            len(other.tokens) >= need
+            and common_prefix_len(req.tokens[:need], other.tokens[:need]) >= need
+            for other in inflight
+        )
+
+    def _ordered_waiting(self) -> list[Req]:
+        waiting = self.waiting
+        if self.policy is SchedulePolicy.FCFS or len(waiting) > MAX_PREFIX_ORDERED:
+            return sorted(waiting, key=lambda r: r.arrival)
+        if self.policy is SchedulePolicy.LPM:
+            cached = {
+                id(r): self.cache.peek_prefix_len(r.tokens[: r.reuse_limit()]) for r in waiting
+            }
+            return sorted(waiting, key=lambda r: (-cached[id(r)], r.arrival))
+        return dfs_weight_order(waiting)
+
+    # ---- invariants ----------------------------------------------------------------------
+    def external_refs(self) -> Counter[int]:
+        """Pool references held by running requests (everything outside the cache)."""
+        refs: Counter[int] = Counter()
+        for req in self.running:
+            refs.update(req.blocks)
+        return refs
+
+    def check_integrity(self) -> None:
+        """The pool, the cache and the requests agree; raises ``IntegrityError`` otherwise."""
+        for req in self.running:
+            if req.status is not ReqStatus.RUNNING:
+                raise IntegrityError(f"request {req.rid} in the running list is {req.status}")
+            if len(req.blocks) < blocks_for(req.num_computed, self.block_size):
+                raise IntegrityError(f"request {req.rid}: blocks do not cover its computed KV")
+            if req.handle is None or not req.handle.valid:
+                raise IntegrityError(f"request {req.rid} holds no valid locked cache path")
+        for req in self.waiting:
+            if req.blocks or req.handle is not None:
+                raise IntegrityError(f"waiting request {req.rid} still holds blocks or a lock")
+        self.cache.check_integrity(self.external_refs())
+        if not self.running and self.cache.protected_size():
+            raise IntegrityError("cache paths stay locked with no request running")
+
+    def stats(self) -> dict[str, float | int]:
+        c = self.counters
+        return {
+            "running_requests": len(self.running),
+            "waiting_requests": len(self.waiting),
+            "blocks_total": self.pool.num_blocks,
+            "blocks_free": self.pool.num_free,
+            "blocks_used": self.pool.num_used,
+            "blocks_evictable": self.cache.evictable_size(),
+            "cached_tokens": self.cache.cached_tokens,
+            "prompt_tokens": c.prompt_tokens,
+            "prompt_tokens_reused": c.prompt_tokens_reused,
+            "prompt_tokens_computed": c.prompt_tokens_computed,
+            "recomputed_tokens": c.recomputed_tokens,
+            "cache_hit_rate": c.prompt_tokens_reused / c.prompt_tokens if c.prompt_tokens else 0.0,
+            "retractions": c.retractions,
+            "evicted_blocks": self.cache.evicted_blocks_total,
+            "steps": c.steps,
+        }
+
+
+def dfs_weight_order(reqs: Sequence[Req]) -> list[Req]:
+    """Depth-first over the trie of the requests' tokens, the subtree with most requests first.
+
+    Requests that share a prefix come out next to each other, so the one admitted first computes
+    it and the others follow while it is cached. Works on the lexicographically sorted token
+    lists, where every subtree is a contiguous run.
+    """
+    ordered = sorted(reqs, key=lambda r: (r.tokens, r.arrival))
+    result: list[Req] = []
+    stack: list[tuple[int, int, int]] = [(0, len(ordered), 0)]  # [lo, hi) share `depth` tokens
+    while stack:
+        lo, hi, depth = stack.pop()
+        if hi - lo == 1:
+            result.append(ordered[lo])
+            continue
+        depth = max(depth, common_prefix_len(ordered[lo].tokens, ordered[hi - 1].tokens))
+        groups: list[tuple[int, int]] = []
+        i = lo
+        while i < hi:  # the requests that end here, then one run per next token
+            tokens = ordered[i].tokens
+            key = tokens[depth] if depth < len(tokens) else None
+            j = i + 1
+            while j < hi:
+                other = ordered[j].tokens
+                if (other[depth] if depth < len(other) else None) != key:
+                    break
+                j += 1
+            groups.append((i, j))
+            i = j
+        if len(groups) == 1:  # all identical up to their ends: arrival order
+            result.extend(sorted(ordered[lo:hi], key=lambda r: r.arrival))
+            continue
+        groups.sort(key=lambda g: g[1] - g[0])  # popped last = largest first
+        stack.extend((a, b, depth + 1) for a, b in groups)
+    return result

@@ -1,0 +1,545 @@
+"""The engine on a tiny random model: scheduling, prefix reuse, memory pressure, aborts,
+sampling options, streaming, errors. Most tests drive ``step()`` themselves
+(``background=False``) so that every step can be checked; a few use the engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+import torch
+from tiny_models import load_reference, make_tiny_model
+
+from radixlang.runtime.block_pool import blocks_for
+from radixlang.runtime.engine import Engine, RequestError, parse_memory
+from radixlang.runtime.handle import GenerationError
+from radixlang.runtime.request import FinishReason
+from radixlang.runtime.scheduler import common_prefix_len, dfs_weight_order
+
+VOCAB = 160
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_tiny_model(
+        "llama", tmp_path_factory.mktemp("tiny") / "llama", max_position_embeddings=1024
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    return load_reference(folder)
+
+
+def engine(folder, **kw) -> Engine:
+    kw.setdefault("num_blocks", 256)
+    kw.setdefault("block_size", 4)
+    kw.setdefault("background", False)
+    kw.setdefault("check_integrity_every_step", True)
+    return Engine(folder, **kw)
+
+
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+    """Prompts in a few families that share prefixes (some ending inside a block), with
+    varied lengths and max_new_tokens."""
+    rng = random.Random(seed)
+    families = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(5, 30))] for _ in range(4)]
+    items = []
+    for _ in range(n):
+        head = rng.choice(families)[: rng.randrange(1, 31)]
+        tail = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 20))]
+        items.append((head + tail, rng.randrange(1, 16)))
+    return items
+
+
+def idle_blocks_are_free_or_cached(eng: Engine) -> None:
+    eng.check_integrity()  # with no request running, every held block is held by the tree
+    assert eng.pool.num_used == eng.pool.num_blocks - eng.pool.num_free
+    assert eng.cache.protected_size() == 0
+    assert eng.flush_cache()
+    assert eng.pool.num_free == eng.pool.num_blocks
+
+
+# ---- greedy outputs ----------------------------------------------------------------------------
+def test_greedy_matches_transformers_alone_and_batched(folder, reference):
+    items = workload(12, seed=1)
+    want = [reference_greedy(reference, p, n) for p, n in items]
+    eng = engine(folder)
+    alone = [eng.generate(p, GREEDY | {"max_new_tokens": n}).output_ids for p, n in items]
+    assert alone == want
+    eng.flush_cache()
+    together = eng.generate(
+        [p for p, _ in items], [GREEDY | {"max_new_tokens": n} for _, n in items]
+    )
+    assert [r.output_ids for r in together] == want
+    idle_blocks_are_free_or_cached(eng)
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs"])
+def test_policies_and_chunked_prefill_give_the_same_outputs(folder, policy):
+    items = workload(16, seed=2)
+    base = engine(folder).generate(
+        [p for p, _ in items], [GREEDY | {"max_new_tokens": n} for _, n in items]
+    )
+    eng = engine(folder, schedule_policy=policy, max_batch_tokens=7)
+    got = eng.generate([p for p, _ in items], [GREEDY | {"max_new_tokens": n} for _, n in items])
+    assert [r.output_ids for r in got] == [r.output_ids for r in base]
+    idle_blocks_are_free_or_cached(eng)
+
+
+def test_requests_joining_mid_decode(folder, reference):
+    items = workload(10, seed=3)
+    want = [reference_greedy(reference, p, 12) for p, _ in items]
+    eng = engine(folder)
+    handles = [eng.submit(p, GREEDY | {"max_new_tokens": 12}) for p, _ in items[:4]]
+    for i in range(4, 10):  # one new request every two steps, while the first ones decode
+        eng.step()
+        eng.step()
+        handles.append(eng.submit(items[i][0], GREEDY | {"max_new_tokens": 12}))
+    while not all(h.done for h in handles):
+        eng.step()
+    assert [h.result().output_ids for h in handles] == want
+
+
+# ---- prefix reuse ------------------------------------------------------------------------------
+@pytest.mark.parametrize("shared", [8, 11, 12, 13])  # block size 4: on and inside a block
+def test_reused_prefix_gives_the_same_logprobs_as_scratch(folder, shared):
+    rng = random.Random(shared)
+    prefix = [rng.randrange(3, VOCAB) for _ in range(shared)]
+    first = prefix + [rng.randrange(3, VOCAB) for _ in range(9)]
+    second = prefix + [rng.randrange(3, VOCAB) for _ in range(6)]
+    params = GREEDY | {"max_new_tokens": 5, "return_logprob": True, "top_logprobs_num": 20}
+    params |= {"logprob_start_len": shared}
+    eng = engine(folder)
+    eng.generate(first, params)
+    hit = eng.generate(second, params)
+    assert hit.cached_tokens == shared - 1  # scoring position `shared` needs the one before
+    fresh = engine(folder).generate(second, params)
+    assert fresh.cached_tokens == 0
+    assert hit.output_ids == fresh.output_ids
+    for a, b in zip(
+        hit.prompt_logprobs + [(0, x) for x in hit.output_logprobs],
+        fresh.prompt_logprobs + [(0, x) for x in fresh.output_logprobs],
+        strict=True,
+    ):
+        assert a[0] == b[0] and abs(a[1] - b[1]) < 2e-4
+    for a, b in zip(hit.output_top_logprobs, fresh.output_top_logprobs, strict=True):
+        assert [t for t, _ in a] == [t for t, _ in b]
+        assert max(abs(x - y) for (_, x), (_, y) in zip(a, b, strict=True)) < 2e-4
+
+
+def test_shared_prefix_is_computed_once(folder):
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, VOCAB) for _ in range(150)]
+    prompts = [
+        prefix + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(32)
+    ]
+    prompts += [prompts[0], prompts[1][:-1]]  # a duplicate, and a prompt that is a prefix
+    eng = engine(folder, max_batch_tokens=64)
+    eng.generate(prompts, GREEDY | {"max_new_tokens": 3})
+    stats = eng.stats()
+    trie = distinct_trie_tokens(prompts)
+    assert stats["prompt_tokens_computed"] <= trie + len(prompts)
+    assert stats["prompt_tokens_reused"] + stats["prompt_tokens_computed"] == sum(map(len, prompts))
+
+
+def distinct_trie_tokens(prompts: list[list[int]]) -> int:
+    nodes: set[tuple[int, ...]] = set()
+    for p in prompts:
+        nodes.update(tuple(p[: i + 1]) for i in range(len(p)))
+    return len(nodes)
+
+
+def test_prefill_only_request_caches_the_prompt(folder):
+    eng = engine(folder)
+    prompt = list(range(3, 40))
+    r = eng.generate(prompt, {"max_new_tokens": 0})
+    assert r.output_ids == [] and r.finish_reason is FinishReason.LENGTH
+    assert eng.cache.peek_prefix_len(prompt) == len(prompt)
+    again = eng.generate(prompt, {"max_new_tokens": 0})  # all cached: nothing to compute
+    assert again.cached_tokens == len(prompt)
+    follow = eng.generate([*prompt, 7, 8], GREEDY | {"max_new_tokens": 2})
+    assert follow.cached_tokens == len(prompt)
+
+
+def test_prompt_logprobs_across_chunks_match_transformers(folder, reference):
+    prompt = [random.Random(9).randrange(3, VOCAB) for _ in range(23)]
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt])).logits[0].float()
+    want = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    eng = engine(folder, max_batch_tokens=5)  # the prompt is computed in five chunks
+    for start in (0, 1, 6, 22):
+        r = eng.generate(
+            prompt,
+            {
+                "max_new_tokens": 0,
+                "return_logprob": True,
+                "logprob_start_len": start,
+                "top_logprobs_num": 3,
+            },
+        )
+        positions = range(start, len(prompt))
+        assert [t for t, _ in r.prompt_logprobs] == [prompt[p] for p in positions]
+        for p, (_, lp) in zip(positions, r.prompt_logprobs, strict=True):
+            if p == 0:
+                assert lp is None
+            else:
+                assert abs(lp - float(want[p - 1])) < 1e-4
+                top = r.prompt_top_logprobs[p - start]
+                assert top[0][1] >= top[1][1] >= top[2][1] >= lp - 1e-6 or lp >= top[2][1] - 1e-6
+
+
+# ---- memory pressure ---------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pool_of_a_tenth_of_the_workload(folder, seed):
+    items = workload(64, seed=seed)
+    params = [GREEDY | {"max_new_tokens": n} for _, n in items]
+    prompts = [p for p, _ in items]
+    want = engine(folder, num_blocks=2048).generate(prompts, params)
+    total = sum(len(p) + n for p, n in items)
+    small = engine(folder, num_blocks=blocks_for(total // 10, 4))
+    got = small.generate(prompts, params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    stats = small.stats()
+    assert stats["retractions"] > 0 and stats["evicted_blocks"] > 0  # pressure did happen
+    idle_blocks_are_free_or_cached(small)
+
+
+def test_sequence_longer_than_the_pool_stops_at_length(folder):
+    eng = engine(folder, num_blocks=4)  # 16 token slots
+    r = eng.generate(list(range(3, 13)), GREEDY | {"max_new_tokens": 50})
+    assert r.finish_reason is FinishReason.LENGTH and len(r.output_ids) in (6, 7)
+    idle_blocks_are_free_or_cached(eng)
+
+
+# ---- aborts ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_aborts_at_random_points_free_everything(folder, seed):
+    rng = random.Random(seed)
+    items = workload(24, seed=10 + seed)
+    params = [GREEDY | {"max_new_tokens": n + 4} for _, n in items]
+    want = engine(folder).generate([p for p, _ in items], params)
+    eng = engine(folder, max_batch_tokens=16, max_running_requests=8)
+    handles = [eng.submit(p, s) for (p, _), s in zip(items, params, strict=True)]
+    doomed = set(rng.sample(range(len(items)), 8))
+    step = 0
+    states = set()
+    while not all(h.done for h in handles):
+        for i in sorted(doomed):
+            if not handles[i].done and rng.random() < 0.25:
+                req = eng._reqs.get(handles[i].request_id)
+                if req is not None:
+                    states.add(
+                        "prefill"
+                        if req.is_prefilling and req.blocks
+                        else "decode"
+                        if req.blocks
+                        else "waiting"
+                    )
+                handles[i].abort()
+                doomed.discard(i)
+        eng.step()
+        step += 1
+    for i, h in enumerate(handles):
+        r = h.result()
+        if r.finish_reason is FinishReason.ABORT:
+            assert r.output_ids == want[i].output_ids[: len(r.output_ids)]
+        else:
+            assert r.output_ids == want[i].output_ids
+    assert states  # aborts hit live requests
+    idle_blocks_are_free_or_cached(eng)
+
+
+# ---- sampling ----------------------------------------------------------------------------------
+def test_seeded_sampling_ignores_the_rest_of_the_batch(folder):
+    prompt = list(range(10, 30))
+    params = {
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": 1234,
+        "max_new_tokens": 12,
+        "ignore_eos": True,
+    }
+    eng = engine(folder)
+    alone = eng.generate(prompt, params).output_ids
+    others = [list(range(40, 40 + k)) for k in range(1, 8)]
+    batch = eng.generate(
+        [*others[:3], prompt, *others[3:]],
+        [{"temperature": 1.0, "max_new_tokens": 9}] * 3
+        + [params]
+        + [{"temperature": 1.0, "max_new_tokens": 9}] * 4,
+    )
+    assert batch[3].output_ids == alone
+    other_seed = eng.generate(prompt, params | {"seed": 99}).output_ids
+    assert other_seed != alone
+
+
+def test_stop_token_ids_min_and_max_new_tokens(folder):
+    eng = engine(folder)
+    prompt = list(range(20, 35))
+    free = eng.generate(prompt, GREEDY | {"max_new_tokens": 12}).output_ids
+    stop_at = free[4]
+    first = free.index(stop_at)
+    r = eng.generate(prompt, GREEDY | {"max_new_tokens": 12, "stop_token_ids": [stop_at]})
+    assert r.output_ids == free[: first + 1] and r.finish_reason is FinishReason.STOP
+    assert r.matched_stop == stop_at
+    # min_new_tokens masks the stop token until it is reached
+    r = eng.generate(
+        prompt, GREEDY | {"max_new_tokens": 12, "min_new_tokens": 12, "stop_token_ids": [stop_at]}
+    )
+    assert len(r.output_ids) == 12 and stop_at not in r.output_ids
+    r = eng.generate(prompt, GREEDY | {"max_new_tokens": 3})
+    assert r.output_ids == free[:3] and r.finish_reason is FinishReason.LENGTH
+
+
+def test_eos_stops_unless_ignored(folder):
+    eng = engine(folder)
+    assert eng.eos_token_ids == frozenset({2})
+    prompt = list(range(50, 60))
+    free = eng.generate(prompt, GREEDY | {"max_new_tokens": 8}).output_ids
+    r = eng.generate(prompt, {"temperature": 0, "max_new_tokens": 8, "stop_token_ids": []})
+    if 2 in free:
+        assert r.output_ids == free[: free.index(2) + 1]
+    eos_forced = eng.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 8, "stop_token_ids": [free[0]]}
+    )
+    assert eos_forced.output_ids == [free[0]]
+
+
+def test_generated_logprobs_are_the_models(folder, reference):
+    prompt = list(range(60, 75))
+    r = engine(folder).generate(
+        prompt, GREEDY | {"max_new_tokens": 4, "return_logprob": True, "top_logprobs_num": 2}
+    )
+    seq = prompt + r.output_ids
+    with torch.no_grad():
+        scores = torch.log_softmax(reference(torch.tensor([seq])).logits[0].float(), -1)
+    for i, (tok, lp) in enumerate(zip(r.output_ids, r.output_logprobs, strict=True)):
+        row = scores[len(prompt) - 1 + i]
+        assert abs(lp - float(row[tok])) < 1e-4
+        assert r.output_top_logprobs[i][0][0] == tok == int(row.argmax())
+
+
+# ---- streaming and the thread ------------------------------------------------------------------
+def test_streaming_iterator_async_and_callback(folder):
+    eng = engine(folder, background=True, check_integrity_every_step=False)
+    try:
+        seen = []
+        h = eng.submit(list(range(5, 25)), GREEDY | {"max_new_tokens": 10}, on_event=seen.append)
+        events = list(h)
+        result = h.result()
+        assert [t for e in events for t in e.token_ids] == result.output_ids
+        assert events[-1].finished and events[-1].finish_reason is FinishReason.LENGTH
+        assert [t for e in seen for t in e.token_ids] == result.output_ids
+
+        async def consume():
+            h2 = eng.submit(list(range(5, 25)), GREEDY | {"max_new_tokens": 10})
+            tokens = [t async for e in h2 for t in e.token_ids]
+            return tokens, await h2
+
+        tokens, again = asyncio.run(consume())
+        assert tokens == result.output_ids == again.output_ids
+        assert again.cached_tokens == 19
+    finally:
+        eng.shutdown()
+
+
+def test_submissions_from_many_threads(folder):
+    items = workload(24, seed=7)
+    want = engine(folder).generate(
+        [p for p, _ in items], [GREEDY | {"max_new_tokens": n} for _, n in items]
+    )
+    eng = engine(folder, background=True)
+    results: dict[int, list[int]] = {}
+
+    def client(indices):
+        for i in indices:
+            results[i] = (
+                eng.submit(items[i][0], GREEDY | {"max_new_tokens": items[i][1]})
+                .result()
+                .output_ids
+            )
+
+    threads = [threading.Thread(target=client, args=(range(k, 24, 4),)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(24)] == [r.output_ids for r in want]
+    eng.check_integrity()
+    stats = eng.stats()
+    assert stats["running_requests"] == stats["waiting_requests"] == 0
+    assert stats["generated_tokens"] == sum(len(r.output_ids) for r in want)
+    eng.shutdown()
+
+
+def test_shutdown_aborts_what_is_in_flight(folder):
+    eng = engine(folder, background=True, check_integrity_every_step=False)
+    handles = [
+        eng.submit(list(range(5, 30)), {"max_new_tokens": 500, "ignore_eos": True})
+        for _ in range(4)
+    ]
+    eng.shutdown()
+    assert all(
+        h.result().finish_reason in (FinishReason.ABORT, FinishReason.LENGTH) for h in handles
+    )
+    assert eng.pool.num_used == eng.pool.num_blocks - eng.pool.num_free
+    eng.scheduler.check_integrity()
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.submit([5, 6], {"max_new_tokens": 1})
+
+
+# ---- errors ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], {}, "empty"),
+        ([5, VOCAB], {}, "outside"),
+        ([5, -1], {}, "outside"),
+        ("text", {}, "no tokenizer"),
+        ([5, 6], {"max_new_tokens": -1}, "max_new_tokens"),
+        ([5, 6], {"temperature": -0.5}, "temperature"),
+        ([5, 6], {"top_p": 0}, "top_p"),
+        ([5, 6], {"bogus": 1}, "bogus"),
+        ([5, 6], {"stop": ["x"]}, "tokenizer"),
+        ([5] * 1024, {}, "context"),
+        ([5] * 2000, {"max_new_tokens": 0}, "context"),
+    ],
+)
+def test_bad_requests_are_refused_at_submit(folder, prompt, params, message):
+    eng = engine(folder)
+    with pytest.raises(RequestError, match=message):
+        eng.submit(prompt, params)
+    assert eng.generate([5, 6, 7], GREEDY | {"max_new_tokens": 2}).output_ids  # still serving
+
+
+def test_prompt_larger_than_the_pool_is_refused(folder):
+    eng = engine(folder, num_blocks=4)
+    with pytest.raises(RequestError, match="KV blocks"):
+        eng.submit(list(range(3, 30)), {"max_new_tokens": 1})
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(folder, monkeypatch):
+    eng = engine(folder)
+    real = eng.runner.forward
+    calls = {"n": 0}
+
+    def flaky(seqs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected fault")
+        return real(seqs)
+
+    monkeypatch.setattr(eng.runner, "forward", flaky)
+    h = eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 6})
+    while not h.done:
+        eng.step()
+    with pytest.raises(GenerationError, match="injected fault"):
+        h.result()
+    assert h.result(raise_on_error=False).finish_reason is FinishReason.ERROR
+    assert len(eng.generate(list(range(5, 20)), GREEDY | {"max_new_tokens": 6}).output_ids) == 6
+    idle_blocks_are_free_or_cached(eng)
+
+
+def test_flush_is_refused_while_requests_run(folder):
+    eng = engine(folder)
+    h = eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 6})
+    eng.step()
+    assert eng.flush_cache() is False
+    while not h.done:
+        eng.step()
+    assert eng.flush_cache() is True
+
+
+def test_duplicate_request_ids_are_refused(folder):
+    eng = engine(folder)
+    eng.submit([5, 6], {"max_new_tokens": 2}, request_id="a")
+    with pytest.raises(RequestError, match="already in use"):
+        eng.submit([5, 6], {"max_new_tokens": 2}, request_id="a")
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def test_parse_memory():
+    assert parse_memory("2GiB") == 2 * 2**30
+    assert parse_memory("512MB") == 512 * 10**6
+    assert parse_memory(1000) == 1000
+    with pytest.raises(ValueError, match="kv_memory"):
+        parse_memory("lots")
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5] * 100 + [1], [5] * 100 + [2]) == 100
+
+
+def test_dfs_weight_order_groups_shared_prefixes_largest_first():
+    class R:
+        def __init__(self, tokens, arrival):
+            self.tokens, self.arrival = tokens, arrival
+
+    reqs = [
+        R([1, 2, 3], 0),
+        R([9, 9], 1),
+        R([1, 2, 4], 2),
+        R([9, 8], 3),
+        R([1, 5], 4),
+        R([7], 5),
+        R([1, 2, 3], 6),
+    ]
+    order = [r.arrival for r in dfs_weight_order(reqs)]
+    # [1, ...] holds four requests, [9, ...] two, [7] one; inside [1, 2, ...] the 3s (two) first
+    assert order == [0, 6, 2, 4, 1, 3, 5] or order == [0, 6, 2, 4, 3, 1, 5]
+
+
+# ---- on a GPU (compiled Triton kernels) --------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_engine_on_cuda_matches_cpu_also_under_memory_pressure(folder):
+    items = workload(48, seed=4)
+    prompts = [p for p, _ in items]
+    params = [GREEDY | {"max_new_tokens": n} for _, n in items]
+    want = [r.output_ids for r in engine(folder).generate(prompts, params)]
+    gpu = engine(folder, device="cuda")
+    assert [r.output_ids for r in gpu.generate(prompts, params)] == want
+    idle_blocks_are_free_or_cached(gpu)
+    total = sum(len(p) + n for p, n in items)
+    small = engine(folder, device="cuda", num_blocks=blocks_for(total // 10, 4))
+    assert [r.output_ids for r in small.generate(prompts, params)] == want
+    assert small.stats()["retractions"] > 0
+    idle_blocks_are_free_or_cached(small)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_seeded_sampling_and_logprobs_on_cuda(folder, reference):
+    eng = engine(folder, device="cuda")
+    prompt = list(range(10, 30))
+    params = {"temperature": 0.9, "top_k": 20, "seed": 7, "max_new_tokens": 10, "ignore_eos": True}
+    alone = eng.generate(prompt, params).output_ids
+    batch = eng.generate([[5, 6, 7], prompt, [8, 9]], [params | {"seed": 1}, params, {}])
+    assert batch[1].output_ids == alone
+    r = eng.generate(prompt, GREEDY | {"max_new_tokens": 3, "return_logprob": True})
+    with torch.no_grad():
+        scores = torch.log_softmax(reference(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    assert r.output_ids[0] == int(scores.argmax())
+    assert abs(r.output_logprobs[0] - float(scores.max())) < 1e-4
