@@ -46,6 +46,12 @@ def _gather_blocks(
     return k, v
 
 
+# Decode attention runs in sub-batches whose gathered K and V fit in about this many bytes, so
+# that attention reads them from cache right after the gather. A whole-batch gather spills to
+# memory: at batch 64 with 450-token contexts in float32 a step took 3.8x as long.
+DECODE_CHUNK_BYTES = 6 * 2**20
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """What every layer's decode attention over one batch shares; built once per forward."""
@@ -83,13 +89,30 @@ def decode_attention(
     """
     if plan is None:
         plan = plan_decode(block_tables, seq_lens, cache)
+    batch = q.shape[0]
+    per_sequence = 2 * plan.num_blocks * cache.block_size * cache.kv_heads * cache.head_dim
+    step = max(1, DECODE_CHUNK_BYTES // (per_sequence * cache.k.element_size()))
+    if batch <= step:
+        return _decode_chunk(q, cache, plan, 0, batch, scale)
+    out = torch.empty_like(q)
+    for start in range(0, batch, step):
+        end = min(start + step, batch)
+        out[start:end] = _decode_chunk(q[start:end], cache, plan, start, end, scale)
+    return out
+
+
+def _decode_chunk(
+    q: torch.Tensor, cache: PagedKV, plan: DecodePlan, start: int, end: int, scale: float
+) -> torch.Tensor:
+    """Decode attention for the plan's sequences ``start:end`` (``q`` holds just those)."""
     batch, heads, head_dim = q.shape
-    k, v = _gather_blocks(cache, plan.rows, batch, plan.num_blocks)
+    n = plan.num_blocks
+    k, v = _gather_blocks(cache, plan.rows[start * n : end * n], batch, n)
     # A cache kept in another dtype than the model's (say bfloat16 under float32) is read in
     # the queries' dtype.
     k, v = k.to(q.dtype), v.to(q.dtype)
     if q.dtype != torch.float32 and batch >= 16:
-        return _block_diagonal_decode(q, k, v, plan.visible, scale)
+        return _block_diagonal_decode(q, k, v, plan.visible[start:end], scale)
     # A GQA group's query heads act as that KV head's query *positions* (none causal), so
     # torch's CPU flash attention reads each KV head once per group, straight from the
     # gathered [batch, len, kv_heads, dim] layout seen as [batch, kv_heads, len, dim].
@@ -98,7 +121,7 @@ def decode_attention(
         q.reshape(batch, kv_heads, heads // kv_heads, head_dim),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        attn_mask=plan.additive_mask.to(q.dtype),
+        attn_mask=plan.additive_mask[start:end].to(q.dtype),
         scale=scale,
     )
     return out.reshape(batch, heads, head_dim)

@@ -95,25 +95,6 @@ class Engine:
         background: bool = True,
         check_integrity_every_step: bool = False,
     ) -> None:
-        self.runner = ModelRunner(
-            model,
-            dtype=dtype,
-            device=device,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            kv_budget_bytes=parse_memory(kv_memory),
-            kv_dtype=kv_dtype,
-        )
-        self.files = self.runner.files
-        self.tokenizer = _load_tokenizer(self.files)
-        self.eos_token_ids = self._eos_token_ids()
-        self.pool = BlockPool(self.runner.num_blocks, block_size, copy_hook=self.runner.copy_block)
-        self.cache = RadixCache(self.pool)
-        if max_batch_tokens is None:
-            max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS.get(self.runner.device.type, 2048)
-        self.scheduler = Scheduler(
-            self.pool, self.cache, max_batch_tokens, max_running_requests, schedule_policy
-        )
         self.check_integrity_every_step = check_integrity_every_step
         self._generator = torch.Generator().manual_seed(seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
@@ -128,9 +109,57 @@ class Engine:
         self._recent: collections.deque[tuple[float, float, int]] = collections.deque()
         self._busy_seconds = 0.0
         self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._loop, name="radixlang-engine", daemon=True)
-            self._thread.start()
+
+        def build() -> None:
+            self.runner = ModelRunner(
+                model,
+                dtype=dtype,
+                device=device,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                kv_budget_bytes=parse_memory(kv_memory),
+                kv_dtype=kv_dtype,
+            )
+            self.files = self.runner.files
+            self.tokenizer = _load_tokenizer(self.files)
+            self.eos_token_ids = self._eos_token_ids()
+            self.pool = BlockPool(
+                self.runner.num_blocks, block_size, copy_hook=self.runner.copy_block
+            )
+            self.cache = RadixCache(self.pool)
+            batch_tokens = max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
+                self.runner.device.type, 2048
+            )
+            self.scheduler = Scheduler(
+                self.pool, self.cache, batch_tokens, max_running_requests, schedule_policy
+            )
+
+        if not background:
+            build()
+            return
+        # The engine thread loads the model too, so that all the engine's torch work runs on
+        # one thread: libgomp throttles its workers' spinning once a second thread owns an
+        # OpenMP team, which cost a quarter of the CPU decode speed when the caller's thread
+        # had loaded the model.
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def boot() -> None:
+            try:
+                build()
+            except BaseException as e:
+                failure.append(e)
+                return
+            finally:
+                ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=boot, name="radixlang-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
 
     # ---- public API ------------------------------------------------------------------------
     @property

@@ -29,6 +29,29 @@ def test_decode_matches_dense(heads, kv_heads, head_dim, block_size):
         torch.testing.assert_close(out[row : row + 1].double(), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("budget_sequences", [1, 2, 3])
+def test_decode_in_sub_batches_matches_the_whole_batch(monkeypatch, dtype, budget_sequences):
+    """A batch larger than the cache budget runs in sub-batches; the result does not change."""
+    lens = [1, 5, 16, 17, 40, 33, 2, 48] * 3  # 24 sequences: 16-bit batches use bmm too
+    case = make_paged_case(lens, 2, 8, 16, seed=3, dtype=dtype)
+    q = torch.randn(len(lens), 4, 8, dtype=dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    whole = reference.decode_attention(q, case.cache, case.block_tables, seq_lens, 0.3)
+    per_sequence = 2 * 3 * 16 * 2 * 8 * q.element_size()  # K and V of 3 blocks of 16 slots
+    monkeypatch.setattr(reference, "DECODE_CHUNK_BYTES", budget_sequences * per_sequence)
+    calls = []
+    real = reference._decode_chunk
+    monkeypatch.setattr(reference, "_decode_chunk", lambda *a: calls.append(1) or real(*a))
+    split = reference.decode_attention(q, case.cache, case.block_tables, seq_lens, 0.3)
+    assert len(calls) == -(-len(lens) // budget_sequences)
+    atol = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(split, whole, atol=atol, rtol=0)
+    for row, n in enumerate(lens):
+        want = dense_attention(q[row : row + 1], case.k[row], case.v[row], [n - 1], 0.3)
+        torch.testing.assert_close(split[row : row + 1].double(), want, atol=atol * 10, rtol=0)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
 def test_extend_matches_dense(heads, kv_heads, head_dim, block_size):
     prefix_lens = [0, 3, block_size, 7, 0]

@@ -265,6 +265,50 @@ def test_aborts_at_random_points_free_everything(folder, seed):
     idle_blocks_are_free_or_cached(eng)
 
 
+def test_abort_in_each_state_waiting_prefill_and_decode(folder):
+    items = workload(6, seed=21)
+    params = GREEDY | {"max_new_tokens": 12}
+    want = engine(folder).generate([p for p, _ in items], params)
+    eng = engine(folder, max_batch_tokens=6, max_running_requests=3)
+    handles = [eng.submit(p, params) for p, _ in items]
+    reqs = {}
+    eng.step()
+    for h in handles:
+        reqs[h.request_id] = eng._reqs[h.request_id]
+
+    def find(state):
+        for h in handles:
+            req = reqs[h.request_id]
+            if h.done or req.finish_reason is not None:
+                continue
+            if state == "waiting" and not req.blocks:
+                return h
+            if state == "prefill" and req.blocks and req.is_prefilling:
+                return h
+            if state == "decode" and req.blocks and not req.is_prefilling:
+                return h
+        return None
+
+    aborted = {}
+    for state in ("waiting", "prefill", "decode"):
+        while (h := find(state)) is None:
+            eng.step()
+        h.abort()
+        eng.step()  # the abort is taken at the start of the step
+        aborted[h.request_id] = state
+        assert h.done and h.result().finish_reason is FinishReason.ABORT
+    while not all(h.done for h in handles):
+        eng.step()
+    assert sorted(aborted.values()) == ["decode", "prefill", "waiting"]
+    for h, w in zip(handles, want, strict=True):
+        r = h.result()
+        if h.request_id in aborted:
+            assert r.output_ids == w.output_ids[: len(r.output_ids)]
+        else:
+            assert r.output_ids == w.output_ids
+    idle_blocks_are_free_or_cached(eng)
+
+
 # ---- sampling ----------------------------------------------------------------------------------
 def test_seeded_sampling_ignores_the_rest_of_the_batch(folder):
     prompt = list(range(10, 30))
