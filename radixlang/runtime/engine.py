@@ -431,8 +431,11 @@ class Engine:
             req.prompt_logprobs.append((token, float(values[row])))
             req.prompt_top_logprobs.append(_pairs(top[1][row], top[0][row]) if top else None)
         if end < req.prompt_len:
-            req.next_prompt_logprob = end
-            req.boundary_scores = torch.log_softmax(last.float(), dim=-1)
+            # The next chunk starts at `end`: its first token is scored by this chunk's last row,
+            # if that position is owed (a chunk may end before the first position to score).
+            req.next_prompt_logprob = max(req.next_prompt_logprob, end)
+            owed = req.next_prompt_logprob == end
+            req.boundary_scores = torch.log_softmax(last.float(), dim=-1) if owed else None
         else:
             req.next_prompt_logprob = -1
             req.boundary_scores = None

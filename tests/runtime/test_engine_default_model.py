@@ -177,3 +177,18 @@ def test_shared_400_token_prefix_is_computed_once(engine, tokenizer):
     assert computed <= trie + len(prompts)
     assert computed + reused == sum(map(len, prompts))
     assert reused >= 31 * 400
+
+
+def test_stop_strings_are_cut_across_tokens_and_never_streamed(engine, tokenizer, prompts):
+    free = engine.generate(prompts[2], {"temperature": 0, "max_new_tokens": 24})
+    text = free.text
+    assert len(text) > 12
+    stop = text[5:9]  # four characters that need not fall on token boundaries
+    first = text.index(stop)
+    handle = engine.submit(prompts[2], {"temperature": 0, "max_new_tokens": 24, "stop": [stop]})
+    streamed = "".join(event.text for event in handle)
+    result = handle.result()
+    assert result.text == streamed == text[:first]
+    assert result.finish_reason.value == "stop" and result.matched_stop == stop
+    # the tokens that made up the stop string were generated, then the request ended
+    assert tokenizer.decode(result.output_ids).startswith(text[: first + len(stop)])
