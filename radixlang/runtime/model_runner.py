@@ -139,11 +139,17 @@ class ModelRunner:
         rows, spans = _logit_rows(ordered)
         logits = self.model.forward(batch, self.kv, torch.tensor(rows, device=self.device))
 
-        last = torch.empty(len(seqs), logits.shape[1], dtype=torch.float32, device=self.device)
+        # Each sequence's last row, in the order given: one gather, none when rows line up.
+        last_rows = [0] * len(seqs)
+        for position, index in enumerate(order):
+            last_rows[index] = spans[position][1] - 1
+        if last_rows == list(range(logits.shape[0])):
+            last = logits
+        else:
+            last = logits.index_select(0, torch.tensor(last_rows, device=logits.device))
         logprobs: list[torch.Tensor | None] = [None] * len(seqs)
         top: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(seqs)
         for position, (index, (start, end)) in enumerate(zip(order, spans, strict=True)):
-            last[index] = logits[end - 1]
             seq = ordered[position]
             if seq.return_logprobs:
                 scores = torch.log_softmax(logits[start:end], dim=-1)
