@@ -196,6 +196,14 @@ class Engine:
             max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids)),
             generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
         )
+        detokenizer = None
+        if self.tokenizer is not None:
+            try:
+                detokenizer = IncrementalDetokenizer(
+                    self.tokenizer, prompt_ids, params.stop, params.skip_special_tokens
+                )
+            except (TypeError, ValueError) as e:
+                raise RequestError(f"stop: {e}") from None
         handle = RequestHandle(rid, self.abort, on_event)
         with self._lock:
             if self._closed:
@@ -203,7 +211,7 @@ class Engine:
             if rid in self._handles:
                 raise RequestError(f"request_id {rid!r} is already in use by a live request")
             self._handles[rid] = handle
-            self._inbox.append(("add", req))
+            self._inbox.append(("add", (req, detokenizer)))
         self._wake.set()
         return handle
 
@@ -489,8 +497,9 @@ class Engine:
             if self.scheduler.has_work():
                 try:
                     self.step()
-                except Exception:  # a fault outside any one request's batch: say so, go on
+                except Exception as e:  # a fault outside any one request's model run
                     log.exception("engine step failed outside the model run")
+                    self._fail_all(e)
             else:
                 self._wake.wait()
                 self._wake.clear()
@@ -500,15 +509,11 @@ class Engine:
         while self._inbox:
             kind, item = self._inbox.popleft()
             if kind == "add":
-                self._reqs[item.rid] = item
-                if self.tokenizer is not None:
-                    self._detokenizers[item.rid] = IncrementalDetokenizer(
-                        self.tokenizer,
-                        item.prompt_ids,
-                        item.params.stop,
-                        item.params.skip_special_tokens,
-                    )
-                self.scheduler.add(item)
+                req, detokenizer = item
+                self._reqs[req.rid] = req
+                if detokenizer is not None:
+                    self._detokenizers[req.rid] = detokenizer
+                self.scheduler.add(req)
             elif kind == "abort":
                 req = self._reqs.get(item)
                 if req is not None and req.finish_reason is None:
@@ -530,6 +535,21 @@ class Engine:
         self._inbox.append(("call", (fn, future)))
         self._wake.set()
         return future.result()
+
+    def _fail_all(self, error: Exception) -> None:
+        """Fail every queued and running request with ``error``; the engine then goes on."""
+        message = f"{type(error).__name__}: {error}"
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            req.error = message
+            try:
+                self.scheduler.finish(req, FinishReason.ERROR, cache_kv=False)
+            except Exception:  # the state that failed may not release cleanly: drop the request
+                log.exception("could not release request %s", req.rid)
+                for queue in (self.scheduler.running, self.scheduler.waiting):
+                    if req in queue:
+                        queue.remove(req)
+                req.finish_reason = FinishReason.ERROR
+            self._complete(req)
 
     def _abort_all(self) -> None:
         self._drain_inbox()

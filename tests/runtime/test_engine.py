@@ -556,6 +556,34 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(folder, monkey
     idle_blocks_are_free_or_cached(eng)
 
 
+def test_a_fault_outside_the_model_run_fails_what_is_queued_and_the_engine_goes_on(
+    folder, monkeypatch
+):
+    eng = engine(folder, background=True)
+    try:
+        real = eng.scheduler.schedule
+        calls = {"n": 0}
+
+        def broken():
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("scheduler bug")
+            return real()
+
+        monkeypatch.setattr(eng.scheduler, "schedule", broken)
+        handles = [
+            eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 30}) for _ in range(3)
+        ]
+        results = [h.result(timeout=60, raise_on_error=False) for h in handles]
+        assert all(r.finish_reason is FinishReason.ERROR for r in results)
+        assert "scheduler bug" in results[0].error
+        again = eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 4}).result(timeout=60)
+        assert len(again.output_ids) == 4
+        eng.check_integrity()
+    finally:
+        eng.shutdown()
+
+
 def test_flush_is_refused_while_requests_run(folder):
     eng = engine(folder)
     h = eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 6})
