@@ -31,3 +31,21 @@ def test_main_job_runs_on_the_default_model():
     diff_line = next(line for line in out.splitlines() if "max |logit difference|" in line)
     assert float(diff_line.rsplit("= ", 1)[1]) < 2e-4
     assert out.rstrip().endswith("every block is free again")
+
+
+@pytest.mark.slow
+def test_readme_main_job_generates_through_the_engine():
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "run_main.sh"), "--max-new-tokens", "8"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    replies = [line for line in out.splitlines() if line.startswith("  [")]
+    assert len(replies) == 8  # one per prompt in examples/prompts/questions.txt
+    assert all("prompt tokens cached]" in r for r in replies)
+    stats = next(line for line in out.splitlines() if line.startswith("prompt tokens"))
+    reused = int(stats.split(": ")[1].split()[0])
+    assert reused > 0  # the shared system prompt came from the cache
+    assert "radix cache:" in out and "0 protected" in out
