@@ -9,6 +9,7 @@ The Triton modules are imported only when first used.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -82,11 +83,16 @@ def extend_attention(
     prefix_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     scale: float,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Packed new tokens attend to their cached prefix and causally to each other."""
+    """Packed new tokens attend to their cached prefix and causally to each other.
+
+    ``host_lens`` (the prefix and extend lengths as Python ints) saves reading them back from
+    the device, a synchronisation per call on a GPU.
+    """
     args = (q, k_new, v_new, cache, block_tables, prefix_lens, extend_lens, scale)
     if use_triton(q):
         from radixlang.kernels import triton_extend_attention
 
-        return triton_extend_attention.extend_attention(*args)
-    return reference.extend_attention(*args)
+        return triton_extend_attention.extend_attention(*args, host_lens=host_lens)
+    return reference.extend_attention(*args, host_lens=host_lens)

@@ -7,6 +7,7 @@ over the gathered blocks; extend loops over sequences (not tokens) and hands eac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -166,6 +167,7 @@ def extend_attention(
     prefix_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     scale: float,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """New tokens attend to their sequence's cached prefix and causally to each other.
 
@@ -175,9 +177,9 @@ def extend_attention(
     """
     out = torch.empty_like(q)
     start = 0
-    for row, (prefix, length) in enumerate(
-        zip(prefix_lens.tolist(), extend_lens.tolist(), strict=True)
-    ):
+    if host_lens is None:
+        host_lens = (prefix_lens.tolist(), extend_lens.tolist())
+    for row, (prefix, length) in enumerate(zip(*host_lens, strict=True)):
         end = start + length
         if length == 0:
             continue

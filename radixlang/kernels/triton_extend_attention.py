@@ -11,6 +11,7 @@ share one float32 online softmax. The prefix tiles are the padded-block tiles of
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -149,6 +150,7 @@ def extend_attention(
     scale: float,
     *,
     block_m: int | None = None,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """New tokens attend to their cached prefix and causally to each other (Triton path).
 
@@ -204,7 +206,11 @@ def extend_attention(
     if block_m < MIN_DOT or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= {MIN_DOT}; got {block_m}")
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
-    prefix, extend = prefix_lens.tolist(), extend_lens.tolist()
+    # The lengths as ints: from the caller when it has them (no device sync), else read back.
+    if host_lens is None:
+        prefix, extend = prefix_lens.tolist(), extend_lens.tolist()
+    else:
+        prefix, extend = list(host_lens[0]), list(host_lens[1])
     if sum(extend) != tokens:
         raise ValueError(f"extend_lens sum to {sum(extend)} but q holds {tokens} tokens")
     capacity = block_tables.shape[1] * block_size

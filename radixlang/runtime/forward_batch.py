@@ -24,6 +24,10 @@ class ForwardBatch:
     seq_lens: torch.Tensor  # [seqs] int32: prefix_lens + extend_lens
     num_extend_seqs: int  # the first this many sequences take the extend path
     num_extend_tokens: int  # ... and own the first this many tokens
+    # prefix_lens and extend_lens as Python ints: kernels read these instead of the tensors,
+    # which on a GPU would cost a device sync per layer.
+    host_prefix_lens: list[int]
+    host_extend_lens: list[int]
 
     @property
     def num_seqs(self) -> int:

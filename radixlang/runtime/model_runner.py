@@ -212,6 +212,8 @@ class ModelRunner:
             seq_lens=(prefix + ext).to(torch.int32).to(device),
             num_extend_seqs=num_extend_seqs,
             num_extend_tokens=sum(extend_lens[:num_extend_seqs]),
+            host_prefix_lens=prefix_lens,
+            host_extend_lens=extend_lens,
         )
 
 

@@ -237,16 +237,25 @@ class LlamaForCausalLM:
         n_ext_seqs: int,
         decode_plan: DecodePlan | None,
     ) -> torch.Tensor:
+        s = n_ext_seqs
+        host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
         if n_ext_seqs == batch.num_seqs:
             return kernels.extend_attention(
-                q, k, v, cache, batch.block_tables, batch.prefix_lens, batch.extend_lens, self.scale
+                q,
+                k,
+                v,
+                cache,
+                batch.block_tables,
+                batch.prefix_lens,
+                batch.extend_lens,
+                self.scale,
+                host_lens,
             )
         if n_ext_seqs == 0:
             return kernels.decode_attention(
                 q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan
             )
         out = torch.empty_like(q)
-        s = n_ext_seqs
         out[:n_ext] = kernels.extend_attention(
             q[:n_ext],
             k[:n_ext],
@@ -256,6 +265,7 @@ class LlamaForCausalLM:
             batch.prefix_lens[:s],
             batch.extend_lens[:s],
             self.scale,
+            host_lens,
         )
         out[n_ext:] = kernels.decode_attention(
             q[n_ext:], cache, batch.block_tables[s:], batch.seq_lens[s:], self.scale, decode_plan
