@@ -420,8 +420,10 @@ class Engine:
         """Record the log-probabilities of the chunk's prompt positions that are owed."""
         req = chunk.req
         k = req.params.top_logprobs_num
-        values = out.prompt_logprobs[i]
+        # Read back once (not a device sync per position).
+        values = out.prompt_logprobs[i].tolist()
         top = out.prompt_top_logprobs[i]
+        top_ids, top_values = (top[1].tolist(), top[0].tolist()) if top else ([], [])
         end = min(chunk.end, req.prompt_len)
         for pos in range(req.next_prompt_logprob, end):
             token = req.tokens[pos]
@@ -436,8 +438,10 @@ class Engine:
                     req.prompt_top_logprobs.append(None)
                 continue
             row = pos - chunk.start - 1
-            req.prompt_logprobs.append((token, float(values[row])))
-            req.prompt_top_logprobs.append(_pairs(top[1][row], top[0][row]) if top else None)
+            req.prompt_logprobs.append((token, values[row]))
+            req.prompt_top_logprobs.append(
+                list(zip(top_ids[row], top_values[row], strict=True)) if top else None
+            )
         if end < req.prompt_len:
             # The next chunk starts at `end`: its first token is scored by this chunk's last row,
             # if that position is owed (a chunk may end before the first position to score).
@@ -459,12 +463,10 @@ class Engine:
             return
         now = time.perf_counter()
         reason = req.finish_reason or FinishReason.ABORT
-        if reason in (FinishReason.ABORT, FinishReason.ERROR):
-            tail = detok.flush() if detok else ""
-            if tail or not handle._events or not handle._events[-1].finished:
-                handle.push(StreamEvent(req.rid, [], tail, [], [], True, reason))
-        elif not handle._events or not handle._events[-1].finished:
-            handle.push(StreamEvent(req.rid, [], "", [], [], True, reason))
+        # Every stream ends with a finished event: add one where the last token's was not.
+        tail = detok.flush() if detok and reason in (FinishReason.ABORT, FinishReason.ERROR) else ""
+        if tail or not handle.saw_finish:
+            handle.push(StreamEvent(req.rid, [], tail, [], [], True, reason))
         handle.set_result(
             GenerationResult(
                 request_id=req.rid,

@@ -56,6 +56,11 @@ class RequestHandle:
             loop.call_soon_threadsafe(_resolve, future)
         self._async_waiters.clear()
 
+    @property
+    def saw_finish(self) -> bool:
+        """Whether a finished event has been pushed."""
+        return bool(self._events) and self._events[-1].finished
+
     # ---- caller side ---------------------------------------------------------------------
     @property
     def done(self) -> bool:
