@@ -228,6 +228,11 @@ class Engine:
         params = sampling if isinstance(sampling, list | tuple) else [sampling] * len(batch)
         if len(params) != len(batch):
             raise RequestError(f"{len(batch)} prompts but {len(params)} sampling parameter sets")
+        if self._thread is threading.current_thread():
+            raise RuntimeError(
+                "generate() waits for the engine thread and cannot run on it (from on_event): "
+                "use submit() there"
+            )
         handles = []
         try:
             handles = [self.submit(p, s) for p, s in zip(batch, params, strict=True)]
@@ -287,6 +292,8 @@ class Engine:
                 return
             self._closed = True
         self._wake.set()
+        if self._thread is threading.current_thread():
+            return  # called from a callback: the loop ends after this step
         if self._thread is not None:
             self._thread.join()
         else:

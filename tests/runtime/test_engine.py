@@ -671,3 +671,23 @@ def test_seeded_sampling_and_logprobs_on_cuda(folder, reference):
         scores = torch.log_softmax(reference(torch.tensor([prompt])).logits[0, -1].float(), -1)
     assert r.output_ids[0] == int(scores.argmax())
     assert abs(r.output_logprobs[0] - float(scores.max())) < 1e-4
+
+
+def test_callbacks_may_submit_but_not_wait_on_the_engine_thread(folder):
+    eng = engine(folder, background=True, check_integrity_every_step=False)
+    try:
+        follow_ups, errors = [], []
+
+        def on_event(event):
+            if event.finished:
+                follow_ups.append(eng.submit([7, 8, 9], GREEDY | {"max_new_tokens": 2}))
+                try:
+                    eng.generate([7, 8], GREEDY | {"max_new_tokens": 1})
+                except RuntimeError as e:
+                    errors.append(str(e))
+
+        eng.submit(list(range(5, 15)), GREEDY | {"max_new_tokens": 3}, on_event=on_event).result()
+        assert len(follow_ups[0].result(timeout=60).output_ids) == 2
+        assert errors and "use submit()" in errors[0]
+    finally:
+        eng.shutdown()
