@@ -109,16 +109,17 @@ class MatchResult:
     handle: CacheHandle
 
 
-def _common_prefix_len(key: list[int], pos: int, node_tokens: list[int]) -> int:
-    """How many tokens of ``node_tokens`` match ``key`` from ``pos`` on."""
-    n = len(node_tokens)
-    if key[pos : pos + n] == node_tokens:  # the common case: the whole node matches
+def common_prefix_len(key: Sequence[int], tokens: Sequence[int], pos: int = 0) -> int:
+    """How many leading ``tokens`` match ``key`` from ``pos`` on (with ``pos`` 0: the length of
+    the two sequences' common prefix)."""
+    n = len(tokens)
+    if key[pos : pos + n] == tokens:  # the common case: all of them match
         return n
     # Binary search on slice equality: O(log n) comparisons, each done in C.
     lo, hi = 0, min(n, len(key) - pos)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if key[pos : pos + mid] == node_tokens[:mid]:
+        if key[pos : pos + mid] == tokens[:mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -443,7 +444,7 @@ class RadixCache:
             child = node.children.get(key[pos])
             if child is None:
                 break
-            k = _common_prefix_len(key, pos, child.tokens)
+            k = common_prefix_len(key, child.tokens, pos)
             pos += k
             if k < len(child.tokens):
                 if not split:

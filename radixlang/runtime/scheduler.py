@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radixlang.runtime.block_pool import BlockPool, IntegrityError, blocks_for
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.radix_cache import RadixCache, common_prefix_len
 from radixlang.runtime.request import FinishReason, Req, ReqStatus
 
 # Waiting queues longer than this are ordered first-come-first-served: prefix-aware ordering
@@ -74,20 +74,6 @@ class SchedulerCounters:
     recomputed_tokens: int = 0  # positions computed again after a retraction
     retractions: int = 0
     steps: int = 0
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n - 1  # binary search on slice equality: O(log n) comparisons done in C
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class Scheduler:

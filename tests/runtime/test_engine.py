@@ -15,8 +15,9 @@ from tiny_models import load_reference, make_tiny_model
 from radixlang.runtime.block_pool import blocks_for
 from radixlang.runtime.engine import Engine, RequestError, parse_memory
 from radixlang.runtime.handle import GenerationError
+from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import FinishReason
-from radixlang.runtime.scheduler import common_prefix_len, dfs_weight_order
+from radixlang.runtime.scheduler import dfs_weight_order
 
 VOCAB = 160
 GREEDY = {"temperature": 0, "ignore_eos": True}

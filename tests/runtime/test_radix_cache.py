@@ -11,7 +11,7 @@ from radixlang.runtime.radix_cache import (
     CacheInUseError,
     RadixCache,
     StaleHandleError,
-    _common_prefix_len,
+    common_prefix_len,
 )
 
 BS = 4
@@ -396,4 +396,4 @@ def test_common_prefix_len_agrees_with_a_plain_loop(key, node, pos):
     rest = key[pos:]
     while expected < min(len(rest), len(node)) and rest[expected] == node[expected]:
         expected += 1
-    assert _common_prefix_len(key, pos, node) == expected
+    assert common_prefix_len(key, node, pos) == expected
