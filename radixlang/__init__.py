@@ -1,3 +1,59 @@
-"""radixlang: a Python language and local runtime for LLM programs."""
+"""radixlang: a Python language and local runtime for LLM programs.
+
+The frontend follows SGLang's names, so its programs run with ``import radixlang as sgl``.
+"""
+
+from radixlang.api import (
+    Runtime,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    gen,
+    gen_int,
+    gen_string,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from radixlang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from radixlang.function import Function, function, get_default_backend, set_default_backend
+from radixlang.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Function",
+    "ProgramState",
+    "ProgramStateGroup",
+    "Runtime",
+    "__version__",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_default_backend",
+    "greedy_token_selection",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+]

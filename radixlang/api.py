@@ -1,0 +1,163 @@
+"""The language's constructors: ``gen``, ``select``, roles, and the backend helpers.
+
+Names, arguments and defaults follow SGLang's frontend language, so its programs run unchanged
+with ``import radixlang as sgl``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from radixlang.choices import ChoicesSamplingMethod, token_length_normalized
+from radixlang.function import get_default_backend
+from radixlang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: Sequence[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: str | None = None,
+    seed: int | None = None,
+    stop_regex: Any = None,
+) -> Expr:
+    """Generate into variable ``name``. Unset arguments take the run's defaults (``run(...)``);
+    ``choices=`` makes it a :func:`select`."""
+    if choices:
+        return select(
+            name,
+            choices,
+            0.0 if temperature is None else temperature,
+            choices_method or token_length_normalized,
+        )
+    if stop_regex:
+        raise ValueError("stop_regex is not supported: use stop strings or regex=")
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ValueError(f"gen({name!r}): bad regex {regex!r}: {e}") from None
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"gen({name!r}): n must be a positive int, got {n!r}")
+    if dtype is not None:
+        from radixlang.constrain.dtypes import dtype_regex
+
+        dtype_regex(dtype)  # unknown dtypes fail here, where the program names them
+    sampling = dict(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        seed=seed,
+    )
+    return Gen(name, sampling, n=n or 1, dtype=dtype, regex=regex, json_schema=json_schema)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    """Generate an integer (its text, e.g. ``"42"``)."""
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    """Generate a double-quoted string."""
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Expr:
+    """Choose one of ``choices`` (scored by the model as continuations of the text so far)."""
+    if not choices:
+        raise ValueError(f"select({name!r}) needs a non-empty list of choices")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"select({name!r}): every choice must be a non-empty string")
+    if temperature < 0:
+        raise ValueError(f"select({name!r}): temperature must be >= 0")
+    return Select(name, choices, temperature, choices_method)
+
+
+def _role(role: str, expr: object | None) -> ExprList:
+    inner = [] if expr is None else [as_expr(expr)]
+    return ExprList([RoleBegin(role), *inner, RoleEnd(role)])
+
+
+def system(expr: object | None = None) -> ExprList:
+    return _role("system", expr)
+
+
+def user(expr: object | None = None) -> ExprList:
+    return _role("user", expr)
+
+
+def assistant(expr: object | None = None) -> ExprList:
+    return _role("assistant", expr)
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")
+
+
+def Runtime(model_path: str | None = None, **engine_args: Any) -> Any:
+    """A local runtime on ``model_path`` (default: the default model); see
+    :class:`radixlang.backends.local.Runtime`."""
+    from radixlang.backends.local import Runtime as LocalRuntime
+
+    return LocalRuntime(model_path, **engine_args)
+
+
+def flush_cache(backend: Any = None) -> bool:
+    backend = backend or get_default_backend()
+    return bool(backend is not None and backend.flush_cache())

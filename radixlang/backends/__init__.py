@@ -1,0 +1,1 @@
+"""Where a program's generation calls go: the local engine, or (later) a server."""

@@ -1,0 +1,154 @@
+"""The in-process backend: programs run on a local :class:`~radixlang.runtime.engine.Engine`.
+
+``Runtime()`` starts an engine on the default model (or ``model_path``) and is the backend. Every
+generation call is one engine request over the program's whole text; the engine's radix cache
+makes the shared part free, so branches, turns and batch items never recompute a prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from radixlang.backends.base import Backend
+from radixlang.chat_template import ChatTemplate, from_tokenizer
+from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob
+from radixlang.runtime.engine import Engine
+from radixlang.runtime.radix_cache import common_prefix_len
+from radixlang.runtime.request import GenerateRequest, GenerationResult
+
+
+class LocalBackend(Backend):
+    def __init__(self, engine: Engine) -> None:
+        if engine.tokenizer is None:
+            raise ValueError(f"model {engine.files.name} has no tokenizer: programs need text")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.chat_template = from_tokenizer(engine.tokenizer, engine.files.name)
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template
+
+    def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        result = self._submit(prompt, sampling).result()
+        return result.text, _meta_info(result)
+
+    def generate_stream(
+        self, prompt: str, sampling: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        handle = self._submit(prompt, sampling)
+        try:
+            for event in handle:
+                if event.text:
+                    yield event.text, {}
+            result = handle.result()
+        except BaseException:
+            handle.abort()
+            raise
+        yield "", _meta_info(result)
+
+    def _submit(self, prompt: str | list[int], sampling: dict[str, Any]) -> Any:
+        if isinstance(prompt, str):
+            request = GenerateRequest(text=prompt, sampling=sampling)
+        else:
+            request = GenerateRequest(input_ids=prompt, sampling=sampling)
+        return self.engine.submit(request)
+
+    def select(
+        self,
+        prompt: str,
+        choices: Sequence[str],
+        temperature: float,
+        method: ChoicesSamplingMethod,
+    ) -> ChoicesDecision:
+        """Score every choice in one engine batch over the cached prompt.
+
+        The prompt's last tokens may merge with a choice's first characters (``"Answer:"`` +
+        ``" yes"``), so a choice is not scored from the end of the prompt's own tokenization:
+        every choice is scored from the first position where any choice's tokenization of
+        ``prompt + choice`` departs from the prompt's, the same position for all, so no choice
+        gains or loses by how the boundary tokenizes."""
+        encode = self.tokenizer.encode
+        prompt_ids = encode(prompt)
+        full = [encode(prompt + c) for c in choices]
+        start = min(common_prefix_len(prompt_ids, ids) for ids in full)
+        start = max(1, min(start, min(len(ids) for ids in full) - 1))
+        scoring = {"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": start}
+        handles = [self._submit(ids, scoring) for ids in full]
+        alone = []
+        if method.requires_unconditional_logprobs:
+            alone_scoring = {**scoring, "logprob_start_len": 0}
+            alone = [self._submit(encode(c), alone_scoring) for c in choices]
+        try:
+            scored = [self._token_logprobs(h.result()) for h in handles]
+            unconditional = [self._token_logprobs(h.result()) for h in alone] or None
+        except BaseException:
+            for h in handles + alone:
+                h.abort()
+            raise
+        normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
+        decision = method(
+            choices=list(choices),
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=scored,
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=unconditional,
+        )
+        if temperature > 0:  # sample a choice by its normalised score instead of the best
+            weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
+            decision.decision = random.choices(list(choices), weights)[0]
+        decision.meta_info["scored_from_position"] = start
+        return decision
+
+    def _token_logprobs(self, result: GenerationResult) -> list[TokenLogprob]:
+        return [
+            (lp if lp is not None else 0.0, tok, self.tokenizer.decode([tok]))
+            for tok, lp in result.prompt_logprobs
+        ]
+
+    def cache_prefix(self, prompt: str, wait: bool = False) -> None:
+        handle = self._submit(prompt, {"max_new_tokens": 0})
+        if wait:
+            handle.result()
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def stats(self) -> dict[str, float | int]:
+        return self.engine.stats()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _meta_info(result: GenerationResult) -> dict[str, Any]:
+    meta = dict(result.meta_info)
+    meta["output_ids"] = result.output_ids
+    if result.output_logprobs:
+        pairs = zip(result.output_logprobs, result.output_ids, strict=False)
+        meta["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
+        meta["output_top_logprobs"] = result.output_top_logprobs
+    if result.prompt_logprobs:
+        meta["input_token_logprobs"] = [(lp, tok, None) for tok, lp in result.prompt_logprobs]
+        meta["input_top_logprobs"] = result.prompt_top_logprobs
+    return meta
+
+
+class Runtime(LocalBackend):
+    """A local runtime: an engine on ``model_path`` (the default model when omitted).
+
+    Keyword arguments go to :class:`~radixlang.runtime.engine.Engine` (``dtype``, ``device``,
+    ``kv_memory``, ``max_batch_tokens``, ``schedule_policy``, ...)."""
+
+    def __init__(self, model_path: str | None = None, **engine_args: Any) -> None:
+        if model_path is not None:
+            engine_args["model"] = model_path
+        super().__init__(Engine(**engine_args))

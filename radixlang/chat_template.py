@@ -1,0 +1,125 @@
+"""Role boundaries for ``system``/``user``/``assistant``, read off the model's own chat template.
+
+A Hugging Face tokenizer carries its chat template as jinja. Rendering a few probe conversations
+with a sentinel as the content shows the text each role puts before and after its content, the
+default system message the template inserts when a chat starts without one, and the end-of-turn
+text (which becomes a stop string for generation inside a role). Models without a template get
+a plain ``Role: content`` format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+_SENTINEL = "\x00RADIXLANG-CONTENT\x00"
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    name: str
+    prefix: dict[str, str]  # text before a role's content
+    suffix: dict[str, str]  # text after it
+    first_prefix: dict[str, str] = field(default_factory=dict)  # when the role opens the chat
+    default_system_prompt: str | None = None
+    stop_str: tuple[str, ...] = ()
+
+    def get_prefix_and_suffix(self, role: str, history: list[dict[str, Any]]) -> tuple[str, str]:
+        if role not in self.prefix:
+            raise ValueError(f"unknown role {role!r}: expected one of {sorted(self.prefix)}")
+        prefix = self.first_prefix.get(role, self.prefix[role]) if not history else None
+        return prefix if prefix is not None else self.prefix[role], self.suffix[role]
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        """Messages as prompt text, the way the interpreter writes them."""
+        out = ""
+        history: list[dict[str, Any]] = []
+        if messages and messages[0]["role"] != "system" and self.default_system_prompt:
+            messages = [{"role": "system", "content": self.default_system_prompt}, *messages]
+        for m in messages:
+            pre, suf = self.get_prefix_and_suffix(m["role"], history)
+            out += pre + m["content"] + suf
+            history.append(m)
+        if add_generation_prompt:
+            out += self.get_prefix_and_suffix("assistant", history)[0]
+        return out
+
+
+PLAIN = ChatTemplate(
+    name="plain",
+    prefix={"system": "", "user": "User: ", "assistant": "Assistant:"},
+    suffix={"system": "\n\n", "user": "\n", "assistant": "\n"},
+)
+
+
+def _split(rendered: str, before: str) -> tuple[str, str]:
+    """(prefix, suffix) of the one message that ``rendered`` adds after ``before``."""
+    if not rendered.startswith(before):
+        raise ValueError("the template does not extend the conversation's text")
+    added = rendered[len(before) :]
+    if added.count(_SENTINEL) != 1:
+        raise ValueError("the template does not keep the message content verbatim")
+    prefix, suffix = added.split(_SENTINEL)
+    return prefix, suffix
+
+
+def from_tokenizer(tokenizer: Any, name: str = "model") -> ChatTemplate:
+    """The tokenizer's chat template as role boundaries; ``PLAIN`` when it has none."""
+    if not getattr(tokenizer, "chat_template", None):
+        return PLAIN
+
+    def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    def msg(role: str, content: str = _SENTINEL) -> dict[str, str]:
+        return {"role": role, "content": content}
+
+    try:
+        sys_prefix, sys_suffix = _split(render([msg("system")]), "")
+        prefix, suffix = {"system": sys_prefix}, {"system": sys_suffix}
+        base = [msg("system", "S"), msg("user", "U"), msg("assistant", "A")]
+        before = render(base)
+        for role in ("user", "assistant"):
+            prefix[role], suffix[role] = _split(render([*base, msg(role)]), before)
+        # The system role in mid-chat (rare, but programs may do it).
+        try:
+            mid = _split(render([*base, msg("system")]), before)
+        except Exception:  # some templates forbid it: keep the opening form
+            mid = (sys_prefix, sys_suffix)
+        first_prefix = {"system": sys_prefix}
+        prefix["system"], suffix["system"] = mid
+        default_system = None
+        opened = render([msg("user")])
+        head = opened[: opened.index(_SENTINEL)]
+        if head != prefix["user"]:
+            # Text before the user's prefix: the template's default system message (kept as a
+            # system message so messages() shows it), or an opening token such as BOS.
+            lead = head[: len(head) - len(prefix["user"])] if head.endswith(prefix["user"]) else ""
+            if lead.startswith(sys_prefix) and lead.endswith(sys_suffix) and lead != sys_prefix:
+                default_system = lead[len(sys_prefix) : len(lead) - len(sys_suffix)]
+            else:
+                first_prefix["user"] = head
+        for role in ("user", "assistant"):
+            if role not in first_prefix:
+                try:
+                    first_prefix[role] = _split(render([msg(role)]), "")[0]
+                except Exception:
+                    first_prefix[role] = prefix[role]
+                if default_system is not None:
+                    first_prefix[role] = prefix[role]
+        gen_prompt = render(base, gen=True)[len(before) :]
+        if gen_prompt and gen_prompt != prefix["assistant"]:
+            # Generation opens the assistant turn with this text: use it, so prompts match.
+            prefix["assistant"] = gen_prompt
+    except Exception:  # a template these probes cannot read: fall back to plain roles
+        return PLAIN
+    end_of_turn = suffix["assistant"].strip()
+    return ChatTemplate(
+        name=name,
+        prefix=prefix,
+        suffix=suffix,
+        first_prefix=first_prefix,
+        default_system_prompt=default_system,
+        stop_str=(end_of_turn,) if end_of_turn else (),
+    )

@@ -1,0 +1,130 @@
+"""How ``select`` picks a choice from the model's scores of each (SGLang's three methods).
+
+A backend scores every choice as a continuation of the prompt and hands the per-token
+log-probabilities to a method, which returns the decision and its ``meta_info``:
+
+- ``token_length_normalized``: the highest mean log-probability per choice token;
+- ``greedy_token_selection``: compare token by token, keeping the choices tied for the best
+  log-probability at each position (a shorter choice is padded with its own mean);
+- ``unconditional_likelihood_normalized``: the highest mean of (log-probability given the prompt
+  minus log-probability with no prompt), which discounts choices that are likely anyway.
+
+Token log-probabilities are ``(logprob, token_id, token_text)`` triples.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+TokenLogprob = tuple[float, int, str | None]
+
+
+@dataclass
+class ChoicesDecision:
+    decision: str
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+class ChoicesSamplingMethod(ABC):
+    @property
+    def requires_unconditional_logprobs(self) -> bool:
+        return False
+
+    @abstractmethod
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[TokenLogprob]],
+        output_token_logprobs: list[list[TokenLogprob]],
+        unconditional_token_logprobs: list[list[TokenLogprob]] | None = None,
+    ) -> ChoicesDecision: ...
+
+    def __repr__(self) -> str:
+        return type(self).__name__
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else -math.inf
+
+
+class TokenLengthNormalized(ChoicesSamplingMethod):
+    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
+                 output_token_logprobs, unconditional_token_logprobs=None):  # fmt: skip
+        best = _argmax(normalized_prompt_logprobs)
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+            },
+        )
+
+
+class GreedyTokenSelection(ChoicesSamplingMethod):
+    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
+                 output_token_logprobs, unconditional_token_logprobs=None):  # fmt: skip
+        width = max(len(lps) for lps in input_token_logprobs)
+        matrix = []
+        for lps in input_token_logprobs:
+            row = [lp for lp, _, _ in lps]
+            matrix.append(row + [_mean(row)] * (width - len(row)))
+        remaining = list(range(len(choices)))
+        for j in range(width):
+            best = max(matrix[i][j] for i in remaining)
+            remaining = [i for i in remaining if matrix[i][j] == best]
+            if len(remaining) == 1:
+                break
+        return ChoicesDecision(
+            choices[remaining[0]],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "greedy_logprob_matrix": matrix,
+            },
+        )
+
+
+class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
+    @property
+    def requires_unconditional_logprobs(self) -> bool:
+        return True
+
+    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
+                 output_token_logprobs, unconditional_token_logprobs=None):  # fmt: skip
+        if unconditional_token_logprobs is None:
+            raise ValueError("unconditional_likelihood_normalized needs unconditional logprobs")
+        scores = []
+        for given, alone in zip(input_token_logprobs, unconditional_token_logprobs, strict=True):
+            # The choice's own first token has no context when alone: count it as 0.
+            alone_lps = [lp or 0.0 for lp, _, _ in alone]
+            given_lps = [lp for lp, _, _ in given]
+            # Align on the choice's last tokens: the prompt side may include healed tokens.
+            n = min(len(given_lps), len(alone_lps))
+            pairs = zip(given_lps[-n:], alone_lps[-n:], strict=True)
+            scores.append(_mean([g - a for g, a in pairs]))
+        return ChoicesDecision(
+            choices[_argmax(scores)],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "unconditional_token_logprobs": unconditional_token_logprobs,
+                "normalized_unconditional_prompt_logprobs": scores,
+            },
+        )
+
+
+token_length_normalized = TokenLengthNormalized()
+greedy_token_selection = GreedyTokenSelection()
+unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()

@@ -1,0 +1,368 @@
+"""Executes a program state's expressions on a backend, in order, off the program's thread.
+
+``s += gen(...)`` returns at once: the expression joins the state's queue and a worker thread
+runs it (one at a time per state, in submission order). The program only waits when it reads a
+value (``s["x"]``), so forked branches run at the same time and reach the engine together,
+where they are batched. A failure stops the state: every waiter wakes and raises it, the next
+``s += ...`` raises it, and ``run()`` raises it to its caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from radixlang.backends.base import Backend
+from radixlang.chat_template import ChatTemplate
+from radixlang.ir import (
+    CachePrefix,
+    ConcatenateAndAppend,
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    SamplingDefaults,
+    Select,
+    Text,
+    Variable,
+    VarScopeBegin,
+    VarScopeEnd,
+    as_expr,
+)
+
+
+class ProgramError(RuntimeError):
+    """A program's expression could not run (e.g. nested roles)."""
+
+
+class Signal:
+    """A one-shot event that threads wait on and event loops await."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    async def wait_async(self) -> None:
+        if self._event.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._waiters.append((loop, future))
+        await future
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _set() -> Signal:
+    signal = Signal()
+    signal.set()
+    return signal
+
+
+class StateExecutor:
+    def __init__(
+        self,
+        backend: Backend,
+        defaults: SamplingDefaults,
+        stream: bool = False,
+        chat_template: ChatTemplate | None = None,
+    ) -> None:
+        self.backend = backend
+        self.defaults = defaults
+        self.stream = stream
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.text = ""
+        self.messages: list[dict[str, Any]] = []
+        self.variables: dict[str | None, Any] = {}
+        self.meta_info: dict[str | None, Any] = {}
+        self.cur_role: str | None = None
+        self.cur_role_begin = 0
+        self.fork_start: int | None = None
+        self.error: BaseException | None = None
+        self.program_done = Signal()  # the program body returned (streamed runs)
+        self._signals: dict[str | None, Signal] = {}
+        self._failed: set[str | None] = set()  # variables that an error left without a value
+        self._queue: collections.deque[Expr] = collections.deque()
+        self._cond = threading.Condition()  # guards the queue; notified when anything changes
+        self._idle = _set()  # set while no expression is queued or running
+
+    # ---- the program's side --------------------------------------------------------------
+    def submit(self, value: object) -> None:
+        expr = as_expr(value)
+        if self.error is not None:
+            raise self.error
+        self._declare(expr)
+        with self._cond:
+            self._queue.append(expr)
+            if self._idle.is_set():
+                self._idle = Signal()
+                threading.Thread(target=self._work, name="radixlang-state", daemon=True).start()
+
+    def sync(self) -> None:
+        """Wait until everything submitted so far has run."""
+        self._idle.wait()
+
+    async def sync_async(self) -> None:
+        await self._idle.wait_async()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def get_var(self, name: str | None) -> Any:
+        signal = self._signals.get(name)
+        if signal is not None:
+            signal.wait()
+        return self._value(name)
+
+    async def get_var_async(self, name: str | None) -> Any:
+        signal = self._signals.get(name)
+        if signal is not None:
+            await signal.wait_async()
+        return self._value(name)
+
+    def _value(self, name: str | None) -> Any:
+        if name in self._failed:
+            raise self.error  # type: ignore[misc]
+        if name in self.variables:
+            return self.variables[name]
+        if self.error is not None:
+            raise self.error
+        raise KeyError(f"no variable {name!r} in this program state")
+
+    def is_ready(self, name: str | None) -> bool:
+        signal = self._signals.get(name)
+        return name in self.variables and (signal is None or signal.is_set())
+
+    def fork(self, size: int) -> list[StateExecutor]:
+        self.sync()
+        self.raise_error()
+        if size > 1 and self.text:
+            # Prefill the shared prefix once; the branches' requests then all hit it.
+            self.backend.cache_prefix(self.text)
+        children = []
+        for _ in range(size):
+            child = StateExecutor(self.backend, self.defaults, self.stream, self.chat_template)
+            child.text = self.text
+            child.messages = list(self.messages)
+            child.variables = dict(self.variables)
+            child.meta_info = dict(self.meta_info)
+            child.cur_role = self.cur_role
+            child.cur_role_begin = self.cur_role_begin
+            child.fork_start = len(self.text)
+            children.append(child)
+        return children
+
+    def join(self, children: list[StateExecutor], mode: str, parent_vars: set) -> None:
+        """Wait for forked ``children`` and bring their results back (see ``ProgramStateGroup``).
+        ``parent_vars``: the variables this state had when it forked."""
+        for child in children:
+            child.sync()
+            child.raise_error()
+        if mode == "concate_and_append":
+            self.submit(ConcatenateAndAppend(children))
+            self.sync()
+            self.raise_error()
+            return
+        gathered: dict[str | None, list[Any]] = {}
+        metas: dict[str | None, list[Any]] = {}
+        for child in children:
+            for name, value in child.variables.items():
+                if name not in parent_vars:
+                    gathered.setdefault(name, []).append(value)
+                    metas.setdefault(name, []).append(child.meta_info.get(name))
+        self.sync()
+        for name, values in gathered.items():
+            self._set_var(name, values, metas[name])
+
+    def enter_call(self, name: str) -> None:
+        """A nested program call begins on this state (the tracer records it)."""
+
+    def exit_call(self, name: str) -> None:
+        """A nested program call ends."""
+
+    # ---- streaming ---------------------------------------------------------------------------
+    def wait_change(self, seen: tuple[int, int], name: str | None) -> None:
+        """Block until the text or ``name``'s value grew past ``seen`` or nothing more comes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._progress(name) != seen or self._quiet(name), 1.0)
+
+    def _progress(self, name: str | None) -> tuple[int, int]:
+        value = self.variables.get(name)
+        return len(self.text), len(value) if isinstance(value, str) else 0
+
+    def _quiet(self, name: str | None) -> bool:
+        if self.error is not None:
+            return True
+        if name is None:
+            return self.program_done.is_set() and self._idle.is_set()
+        signal = self._signals.get(name)
+        if signal is None:
+            return self.program_done.is_set() and self._idle.is_set()
+        return signal.is_set()
+
+    def _changed(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # ---- the worker --------------------------------------------------------------------------
+    def _declare(self, expr: Expr) -> None:
+        if isinstance(expr, ExprList):
+            for item in expr.items:
+                self._declare(item)
+        elif isinstance(expr, Gen | Select | VarScopeBegin):
+            self._signals[expr.name] = Signal()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue or self.error is not None:
+                    self._queue.clear()
+                    self._idle.set()
+                    self._cond.notify_all()
+                    return
+                expr = self._queue.popleft()
+            try:
+                self._execute(expr)
+            except BaseException as e:  # the state stops; waiters wake and raise it
+                self.error = e
+                for name, signal in list(self._signals.items()):
+                    if not signal.is_set():
+                        self._failed.add(name)
+                        signal.set()
+            self._changed()
+
+    def _execute(self, expr: Expr) -> None:
+        if isinstance(expr, Text):
+            self.text += expr.value
+        elif isinstance(expr, ExprList):
+            for item in expr.items:
+                self._execute(item)
+        elif isinstance(expr, Gen):
+            self._gen(expr)
+        elif isinstance(expr, Select):
+            self._select(expr)
+        elif isinstance(expr, RoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, RoleEnd):
+            self._role_end(expr.role)
+        elif isinstance(expr, VarScopeBegin):
+            self.variables[expr.name] = len(self.text)
+        elif isinstance(expr, VarScopeEnd):
+            start = self.variables.get(expr.name)
+            if not isinstance(start, int):
+                raise ProgramError(f"var_scope {expr.name!r} ended but never began")
+            self._set_var(expr.name, self.text[start:], None)
+        elif isinstance(expr, Variable):
+            self.text += str(expr.source.get_var(expr.name))
+        elif isinstance(expr, ConcatenateAndAppend):
+            for child in expr.states:
+                child.sync()
+                child.raise_error()
+                self.text += child.text[child.fork_start :]
+        elif isinstance(expr, CachePrefix):
+            if self.text:
+                self.backend.cache_prefix(self.text)
+        else:
+            raise ProgramError(f"cannot execute {expr!r}")
+
+    def _set_var(self, name: str | None, value: Any, meta: Any) -> None:
+        self.variables[name] = value
+        if meta is not None:
+            self.meta_info[name] = meta
+        signal = self._signals.get(name)
+        if signal is None:
+            signal = self._signals[name] = Signal()
+        signal.set()
+
+    def _sampling(self, expr: Gen) -> dict[str, Any]:
+        sampling = self.defaults.resolve(expr.sampling, self.chat_template.stop_str)
+        regex = expr.regex
+        if regex is None and expr.dtype is not None:
+            from radixlang.constrain.dtypes import dtype_regex
+
+            regex = dtype_regex(expr.dtype)
+        if regex is not None:
+            sampling["regex"] = regex
+        if expr.json_schema is not None:
+            raise ProgramError(
+                "gen(json_schema=...) needs JSON-schema constrained decoding, which radixlang "
+                "does not have yet; use regex= or dtype= meanwhile"
+            )
+        return sampling
+
+    def _gen(self, expr: Gen) -> None:
+        sampling = self._sampling(expr)
+        prompt = self.text
+        if expr.n > 1:
+            with ThreadPoolExecutor(expr.n) as pool:
+                gen = self.backend.generate
+                calls = [pool.submit(gen, prompt, sampling) for _ in range(expr.n)]
+                outs = [call.result() for call in calls]
+            self.text += outs[0][0]
+            self._set_var(expr.name, [t for t, _ in outs], [m for _, m in outs])
+        elif self.stream:
+            self.variables[expr.name] = ""
+            meta: dict[str, Any] = {}
+            for piece, meta in self.backend.generate_stream(prompt, sampling):  # noqa: B007
+                self.text += piece
+                self.variables[expr.name] += piece
+                self._changed()
+            self._set_var(expr.name, self.variables[expr.name], meta)
+        else:
+            text, meta = self.backend.generate(prompt, sampling)
+            self.text += text
+            self._set_var(expr.name, text, meta)
+
+    def _select(self, expr: Select) -> None:
+        decision = self.backend.select(self.text, expr.choices, expr.temperature, expr.method)
+        self.text += decision.decision
+        self._set_var(expr.name, decision.decision, decision.meta_info)
+
+    def _role_begin(self, role: str) -> None:
+        if self.cur_role is not None:
+            raise ProgramError(
+                f"role {role!r} begins inside role {self.cur_role!r}: roles do not nest"
+            )
+        template = self.chat_template
+        if not self.messages and role != "system" and template.default_system_prompt:
+            self._role_begin("system")
+            self.text += template.default_system_prompt
+            self._role_end("system")
+        prefix, _ = template.get_prefix_and_suffix(role, self.messages)
+        self.text += prefix
+        self.cur_role = role
+        self.cur_role_begin = len(self.text)
+
+    def _role_end(self, role: str) -> None:
+        if self.cur_role != role:
+            raise ProgramError(f"role {role!r} ends but the open role is {self.cur_role!r}")
+        content = self.text[self.cur_role_begin :].lstrip()
+        _, suffix = self.chat_template.get_prefix_and_suffix(role, self.messages)
+        self.text += suffix
+        self.cur_role = None
+        self.messages.append({"role": role, "content": content})

@@ -1,0 +1,230 @@
+"""The expressions a program appends to its state (``s += ...``).
+
+Each is a small immutable record: text, a generation call, a choice, a role boundary, a variable
+scope boundary, a reference to another state's variable (used by traced and compiled programs),
+a fork's text joined back, or a hint to cache the text so far. Expressions concatenate with
+``+`` (with each other and with ``str``) into an :class:`ExprList`. The interpreter executes them
+on a real backend; the tracer records them into a call graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixlang.choices import ChoicesSamplingMethod
+
+_ids = itertools.count()
+
+
+class Expr:
+    """Something a program appends to its state."""
+
+    def __init__(self) -> None:
+        self.node_id = next(_ids)
+
+    def __add__(self, other: object) -> ExprList:
+        return ExprList([*_items(self), *_items(as_expr(other))])
+
+    def __radd__(self, other: object) -> ExprList:
+        return ExprList([*_items(as_expr(other)), *_items(self)])
+
+
+def as_expr(value: object) -> Expr:
+    """A program's appended value as an expression (str and numbers become text)."""
+    if isinstance(value, Expr):
+        return value
+    if value is None:
+        raise TypeError("cannot append None to a program state")
+    if isinstance(value, str | int | float):
+        return Text(str(value))
+    raise TypeError(
+        f"cannot append a {type(value).__name__} to a program state: "
+        "append text, gen(...), select(...), a role, or their sums"
+    )
+
+
+def _items(expr: Expr) -> list[Expr]:
+    return list(expr.items) if isinstance(expr, ExprList) else [expr]
+
+
+class ExprList(Expr):
+    def __init__(self, items: Sequence[Expr]) -> None:
+        super().__init__()
+        self.items = list(items)
+
+    def __repr__(self) -> str:
+        return f"ExprList({self.items!r})"
+
+
+class Text(Expr):
+    def __init__(self, value: str) -> None:
+        super().__init__()
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Text({self.value!r})"
+
+
+# Sampling fields a gen call may set; None leaves the program's default (``run(...)``) in place.
+SAMPLING_FIELDS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "seed",
+)
+
+
+@dataclasses.dataclass
+class SamplingDefaults:
+    """A program run's defaults for every gen call (the keyword arguments of ``run``)."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    stop: list[str] | str = dataclasses.field(default_factory=list)
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    ignore_eos: bool = False
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    seed: int | None = None
+
+    def resolve(self, overrides: dict[str, Any], extra_stop: Sequence[str] = ()) -> dict[str, Any]:
+        """The sampling parameters of one call: the defaults, with the call's overrides on top,
+        in the engine's names; ``extra_stop`` (the chat template's end of turn) is added."""
+        out: dict[str, Any] = {}
+        for name in SAMPLING_FIELDS:
+            value = overrides.get(name)
+            out[name] = getattr(self, name) if value is None else value
+        stop = out["stop"]
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        out["stop"] = stop + [s for s in extra_stop if s not in stop]
+        out["stop_token_ids"] = list(out["stop_token_ids"] or [])
+        out["return_logprob"] = bool(out["return_logprob"])
+        out["top_logprobs_num"] = out["top_logprobs_num"] or 0
+        if out["logprob_start_len"] is None:
+            out["logprob_start_len"] = -1
+        if out["seed"] is None:
+            del out["seed"]
+        return out
+
+
+class Gen(Expr):
+    """Generate text into variable ``name`` (``None`` keeps it only in the text)."""
+
+    def __init__(
+        self,
+        name: str | None,
+        sampling: dict[str, Any],
+        *,
+        n: int = 1,
+        dtype: type | str | None = None,
+        regex: str | None = None,
+        json_schema: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.sampling = {k: v for k, v in sampling.items() if v is not None}
+        self.n = n
+        self.dtype = dtype
+        self.regex = regex
+        self.json_schema = json_schema
+
+    def __repr__(self) -> str:
+        return f"Gen({self.name!r})"
+
+
+class Select(Expr):
+    """Choose one of ``choices`` by the model's likelihood of each; the choice becomes text."""
+
+    def __init__(
+        self,
+        name: str | None,
+        choices: Sequence[str],
+        temperature: float,
+        method: ChoicesSamplingMethod,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.choices = list(choices)
+        self.temperature = temperature
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"Select({self.name!r}, {self.choices!r})"
+
+
+class RoleBegin(Expr):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleBegin({self.role!r})"
+
+
+class RoleEnd(Expr):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleEnd({self.role!r})"
+
+
+class VarScopeBegin(Expr):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class VarScopeEnd(Expr):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class Variable(Expr):
+    """The value of variable ``name`` of ``source`` (a state's executor), appended as text once
+    it is ready. Traced programs hold these where a generated value is used."""
+
+    def __init__(self, name: str, source: Any) -> None:
+        super().__init__()
+        self.name = name
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Variable({self.name!r})"
+
+
+class ConcatenateAndAppend(Expr):
+    """Append what each forked state (executor) added after the fork
+    (``join("concate_and_append")``)."""
+
+    def __init__(self, states: Sequence[Any]) -> None:
+        super().__init__()
+        self.states = list(states)
+
+
+class CachePrefix(Expr):
+    """Prefill the text so far into the cache (before a fork, so branches share it)."""

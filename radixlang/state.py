@@ -1,0 +1,208 @@
+"""What a program sees as ``s``: its text, messages and variables, and how to branch it.
+
+``ProgramState`` wraps a :class:`~radixlang.interpreter.StateExecutor`; ``fork(n)`` makes a
+``ProgramStateGroup`` of states that start from the same text and run concurrently, and
+``join()`` brings their results back (new variables as lists, or their text appended).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from radixlang.interpreter import StateExecutor
+from radixlang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
+
+
+class ProgramState:
+    def __init__(self, executor: StateExecutor) -> None:
+        self.executor = executor
+        self.ret_value: Any = None
+
+    # SGLang's name for the executor.
+    @property
+    def stream_executor(self) -> StateExecutor:
+        return self.executor
+
+    def __iadd__(self, other: object) -> ProgramState:
+        self.executor.submit(other)
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        return self.executor.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.executor.variables[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.executor.variables
+
+    def get_var(self, name: str) -> Any:
+        return self.executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.executor.variables[name] = value
+
+    async def aget(self, name: str) -> Any:
+        """``s[name]`` for async programs: waits without blocking the event loop."""
+        return await self.executor.get_var_async(name)
+
+    def __await__(self):
+        """``await s``: wait (without blocking the loop) until all submitted work has run."""
+        return self._settle().__await__()
+
+    async def _settle(self) -> ProgramState:
+        await self.executor.sync_async()
+        self.executor.raise_error()
+        return self
+
+    def get_meta_info(self, name: str) -> Any:
+        self.executor.get_var(name)
+        return self.executor.meta_info.get(name)
+
+    def text(self) -> str:
+        self.executor.sync()
+        return self.executor.text
+
+    def messages(self) -> list[dict[str, Any]]:
+        self.executor.sync()
+        return list(self.executor.messages)
+
+    def sync(self) -> None:
+        self.executor.sync()
+
+    def error(self) -> BaseException | None:
+        self.executor.sync()
+        return self.executor.error
+
+    # ---- roles and scopes ------------------------------------------------------------------
+    def _role(self, role: str, expr: object | None) -> Any:
+        if expr is not None:
+            self.executor.submit(RoleBegin(role) + expr + RoleEnd(role))
+            return None
+        return self._role_scope(role)
+
+    @contextlib.contextmanager
+    def _role_scope(self, role: str) -> Iterator[None]:
+        self.executor.submit(RoleBegin(role))
+        yield
+        self.executor.submit(RoleEnd(role))
+
+    def system(self, expr: object | None = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: object | None = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: object | None = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """Everything appended inside the block becomes variable ``name`` too."""
+        self.executor.submit(VarScopeBegin(name))
+        yield
+        self.executor.submit(VarScopeEnd(name))
+
+    # ---- branching -------------------------------------------------------------------------
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ProgramStateGroup:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"fork size must be a positive int, got {size!r}")
+        states = [ProgramState(e) for e in self.executor.fork(size)]
+        return ProgramStateGroup(states, self)
+
+    @contextlib.contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    # ---- streaming -------------------------------------------------------------------------
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """The text (or variable ``var_name``) piece by piece as it is generated; all at once
+        when the program was not run with ``stream=True``."""
+        ex = self.executor
+        if not ex.stream:
+            yield self.text() if var_name is None else self.get_var(var_name)
+            return
+        sent = 0
+        while True:
+            seen = ex._progress(var_name)
+            current = ex.text if var_name is None else ex.variables.get(var_name)
+            if isinstance(current, str) and len(current) > sent:
+                yield current[sent:]
+                sent = len(current)
+                continue
+            if ex._quiet(var_name):
+                current = ex.text if var_name is None else ex.variables.get(var_name)
+                if isinstance(current, str) and len(current) > sent:
+                    yield current[sent:]
+                ex.raise_error()
+                return
+            ex.wait_change(seen, var_name)
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        import asyncio
+
+        iterator = self.text_iter(var_name)
+        done = object()
+        while True:
+            piece = await asyncio.to_thread(next, iterator, done)
+            if piece is done:
+                return
+            yield piece  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+
+class ProgramStateGroup:
+    """The states of one ``fork``: ``group += lambda i: ...`` appends to each."""
+
+    def __init__(self, states: list[ProgramState], source: ProgramState) -> None:
+        self.states = states
+        self.src_state = source
+        self._parent_vars = set(source.executor.variables)
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        if value is not self.states[i]:
+            raise ValueError("a fork's states cannot be replaced")
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Callable[[int], object] | Sequence[object] | Expr | str):
+        if callable(other) and not isinstance(other, Expr):
+            for i, state in enumerate(self.states):
+                state += other(i)
+        elif isinstance(other, list | tuple):
+            if len(other) != len(self.states):
+                raise ValueError(f"{len(other)} values for {len(self.states)} forked states")
+            for state, value in zip(self.states, other, strict=True):
+                state += value
+        else:
+            for state in self.states:
+                state += other
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch. ``gather_variable``: each variable a branch made becomes a list
+        in the parent; ``concate_and_append``: the branches' new text is appended in order."""
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(f"unknown join mode {mode!r}: gather_variable or concate_and_append")
+        children = [s.executor for s in self.states]
+        self.src_state.executor.join(children, mode, self._parent_vars)
+
+    async def ajoin(self, mode: str = "gather_variable") -> None:
+        for state in self.states:
+            await state
+        self.join(mode)
