@@ -3,8 +3,9 @@
 The frontend follows SGLang's names, so its programs run with ``import radixlang as sgl``.
 """
 
+from typing import Any
+
 from radixlang.api import (
-    Runtime,
     assistant,
     assistant_begin,
     assistant_end,
@@ -29,6 +30,16 @@ from radixlang.function import Function, function, get_default_backend, set_defa
 from radixlang.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The local runtime imports torch and the engine: only when a program asks for it.
+    if name == "Runtime":
+        from radixlang.backends.local import Runtime
+
+        return Runtime
+    raise AttributeError(f"module 'radixlang' has no attribute {name!r}")
+
 
 __all__ = [
     "Function",

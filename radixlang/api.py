@@ -150,14 +150,6 @@ def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
 
 
-def Runtime(model_path: str | None = None, **engine_args: Any) -> Any:
-    """A local runtime on ``model_path`` (default: the default model); see
-    :class:`radixlang.backends.local.Runtime`."""
-    from radixlang.backends.local import Runtime as LocalRuntime
-
-    return LocalRuntime(model_path, **engine_args)
-
-
 def flush_cache(backend: Any = None) -> bool:
     backend = backend or get_default_backend()
     return bool(backend is not None and backend.flush_cache())

@@ -9,6 +9,7 @@ a plain ``Role: content`` format.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,55 +66,63 @@ def _split(rendered: str, before: str) -> tuple[str, str]:
 
 
 def from_tokenizer(tokenizer: Any, name: str = "model") -> ChatTemplate:
-    """The tokenizer's chat template as role boundaries; ``PLAIN`` when it has none."""
+    """The tokenizer's chat template as role boundaries; ``PLAIN`` when it has none or the
+    probes cannot read it. Templates that refuse a system role keep their user and assistant
+    turns, and a system message becomes a plain paragraph before the first turn."""
     if not getattr(tokenizer, "chat_template", None):
         return PLAIN
 
     def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
 
-    def msg(role: str, content: str = _SENTINEL) -> dict[str, str]:
-        return {"role": role, "content": content}
-
-    try:
-        sys_prefix, sys_suffix = _split(render([msg("system")]), "")
-        prefix, suffix = {"system": sys_prefix}, {"system": sys_suffix}
-        base = [msg("system", "S"), msg("user", "U"), msg("assistant", "A")]
-        before = render(base)
-        for role in ("user", "assistant"):
-            prefix[role], suffix[role] = _split(render([*base, msg(role)]), before)
-        # The system role in mid-chat (rare, but programs may do it).
+    for with_system in (True, False):
         try:
-            mid = _split(render([*base, msg("system")]), before)
-        except Exception:  # some templates forbid it: keep the opening form
-            mid = (sys_prefix, sys_suffix)
-        first_prefix = {"system": sys_prefix}
-        prefix["system"], suffix["system"] = mid
-        default_system = None
-        opened = render([msg("user")])
-        head = opened[: opened.index(_SENTINEL)]
-        if head != prefix["user"]:
-            # Text before the user's prefix: the template's default system message (kept as a
-            # system message so messages() shows it), or an opening token such as BOS.
-            lead = head[: len(head) - len(prefix["user"])] if head.endswith(prefix["user"]) else ""
-            if lead.startswith(sys_prefix) and lead.endswith(sys_suffix) and lead != sys_prefix:
-                default_system = lead[len(sys_prefix) : len(lead) - len(sys_suffix)]
-            else:
-                first_prefix["user"] = head
-        for role in ("user", "assistant"):
-            if role not in first_prefix:
-                try:
-                    first_prefix[role] = _split(render([msg(role)]), "")[0]
-                except Exception:
-                    first_prefix[role] = prefix[role]
-                if default_system is not None:
-                    first_prefix[role] = prefix[role]
-        gen_prompt = render(base, gen=True)[len(before) :]
-        if gen_prompt and gen_prompt != prefix["assistant"]:
-            # Generation opens the assistant turn with this text: use it, so prompts match.
-            prefix["assistant"] = gen_prompt
-    except Exception:  # a template these probes cannot read: fall back to plain roles
-        return PLAIN
+            return _read(render, name, with_system)
+        except Exception:  # a template these probes cannot read
+            continue
+    return PLAIN
+
+
+def _msg(role: str, content: str = _SENTINEL) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+def _read(render: Any, name: str, with_system: bool) -> ChatTemplate:
+    if with_system:
+        sys_prefix, sys_suffix = _split(render([_msg("system")]), "")
+        base = [_msg("system", "S"), _msg("user", "U"), _msg("assistant", "A")]
+    else:
+        sys_prefix, sys_suffix = "", "\n\n"
+        base = [_msg("user", "U"), _msg("assistant", "A")]
+    prefix, suffix = {"system": sys_prefix}, {"system": sys_suffix}
+    before = render(base)
+    for role in ("user", "assistant"):
+        prefix[role], suffix[role] = _split(render([*base, _msg(role)]), before)
+    first_prefix = {"system": sys_prefix}
+    if with_system:
+        # The system role in mid-chat (rare, but programs may do it); a template that forbids
+        # it keeps the opening form.
+        with contextlib.suppress(Exception):
+            prefix["system"], suffix["system"] = _split(render([*base, _msg("system")]), before)
+    default_system = None
+    opened = render([_msg("user")])
+    head = opened[: opened.index(_SENTINEL)]
+    lead = head[: len(head) - len(prefix["user"])] if head.endswith(prefix["user"]) else None
+    if lead and with_system and lead.startswith(sys_prefix) and lead.endswith(sys_suffix):
+        # The template's default system message: kept as a system message, so messages()
+        # shows it, and the interpreter writes it before a chat's first other turn.
+        default_system = lead[len(sys_prefix) : len(lead) - len(sys_suffix)]
+    elif lead:  # an opening token such as BOS
+        first_prefix["user"] = head
+        if not with_system:  # (a probed system prefix already holds it)
+            first_prefix["system"] = lead + sys_prefix
+    if default_system is None and "assistant" not in first_prefix:
+        with contextlib.suppress(Exception):
+            first_prefix["assistant"] = _split(render([_msg("assistant")]), "")[0]
+    gen_prompt = render(base, gen=True)[len(before) :]
+    if gen_prompt and gen_prompt != prefix["assistant"]:
+        # Generation opens the assistant turn with this text: use it, so prompts match.
+        prefix["assistant"] = gen_prompt
     end_of_turn = suffix["assistant"].strip()
     return ChatTemplate(
         name=name,
