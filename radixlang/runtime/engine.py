@@ -24,8 +24,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from radixlang.constrain import ConstraintError, get_regex_guide
 from radixlang.models import DEFAULT_MODEL, ModelFiles
 from radixlang.runtime.block_pool import BlockPool, blocks_for
+from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.handle import EventCallback, RequestHandle
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
@@ -186,6 +188,7 @@ class Engine:
         params = self._sampling_params(request.sampling)
         prompt_ids = self._prompt_ids(request)
         self._check_fits(prompt_ids, params)
+        constraint = self._constraint(request, params)
         rid = request.request_id or uuid.uuid4().hex
         req = Req(
             rid=rid,
@@ -195,6 +198,7 @@ class Engine:
             | (frozenset() if params.ignore_eos else self.eos_token_ids),
             max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids)),
             generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
+            constraint=constraint,
         )
         detokenizer = None
         if self.tokenizer is not None:
@@ -363,18 +367,12 @@ class Engine:
             else:  # prefill only: the prompt is cached now
                 self.scheduler.finish(req, FinishReason.LENGTH)
                 self._complete(req)
+        if any(chunks[i].req.constraint is not None for i in sampled):
+            sampled, rows = self._constrained_rows(chunks, sampled, out.logits.shape[-1])
+        else:  # no constraint in the batch: no per-row work at all
+            rows = [self._sampling_row(chunks[i].req) for i in sampled]
         if not sampled:
             return 0
-        rows = [
-            SamplingRow(
-                params=chunks[i].req.params,
-                prompt_ids=chunks[i].req.prompt_ids,
-                output_ids=chunks[i].req.output_ids,
-                stop_ids=chunks[i].req.stop_ids,
-                generator=chunks[i].req.generator,
-            )
-            for i in sampled
-        ]
         picks = sample(out.logits[sampled], rows, self._generator)
         for row, i in enumerate(sampled):
             self._append_token(
@@ -382,27 +380,132 @@ class Engine:
             )
         return len(sampled)
 
+    @staticmethod
+    def _sampling_row(
+        req: Req, mask: torch.Tensor | None = None, stop_ids: frozenset[int] | None = None
+    ) -> SamplingRow:
+        return SamplingRow(
+            params=req.params,
+            prompt_ids=req.prompt_ids,
+            output_ids=req.output_ids,
+            stop_ids=req.stop_ids if stop_ids is None else stop_ids,
+            generator=req.generator,
+            allowed_mask=mask,
+        )
+
+    def _constrained_rows(
+        self, chunks: list[Chunk], sampled: list[int], width: int
+    ) -> tuple[list[int], list[SamplingRow]]:
+        """Sampling rows with each constraint's mask; requests whose constraint is done (or
+        broken) are finished here instead of sampled, and left out."""
+        masks: dict[int, torch.Tensor] = {}
+        for i in sampled:
+            req = chunks[i].req
+            if req.constraint is None:
+                continue
+            try:
+                if req.constraint.is_finished():  # e.g. a regex that only matches ""
+                    self.scheduler.finish(req, FinishReason.STOP)
+                    self._complete(req)
+                elif _may_end(req):
+                    masks[i] = None  # the model may end the match: see TokenConstraint
+                else:
+                    masks[i] = _fit_mask(req.constraint.allowed_mask(), width)
+            except Exception as e:  # this request's constraint failed: fail it, not the batch
+                self._fail_constraint(req, e)
+        masked = [i for i, m in masks.items() if m is not None]
+        if masked:  # one reduction for all rows: a mask that allows nothing fails its request
+            alive = torch.stack([masks[i] for i in masked]).any(dim=1).tolist()
+            for i, ok in zip(masked, alive, strict=True):
+                if not ok:
+                    del masks[i]
+                    self._fail_constraint(
+                        chunks[i].req, ConstraintError("the constraint allows no token here")
+                    )
+        keep: list[int] = []
+        rows: list[SamplingRow] = []
+        for i in sampled:
+            req = chunks[i].req
+            if req.constraint is None:
+                keep.append(i)
+                rows.append(self._sampling_row(req))
+                continue
+            if i not in masks:
+                continue
+            mask, stop_ids = masks[i], req.stop_ids
+            if mask is not None and stop_ids and req.num_output < req.params.min_new_tokens:
+                # min_new_tokens masks the stop tokens; where the constraint allows nothing
+                # else (its text is complete), the constraint wins and may end the request.
+                ids = torch.tensor([t for t in stop_ids if 0 <= t < width], dtype=torch.long)
+                rest = mask.clone()
+                rest[ids] = False
+                if not rest.any():
+                    stop_ids = frozenset()
+            keep.append(i)
+            rows.append(self._sampling_row(req, mask, stop_ids))
+        return keep, rows
+
+    def _ends_before(self, req: Req, token: int) -> bool:
+        """End ``req`` without ``token`` when its constraint is complete and the token would
+        leave it (see ``TokenConstraint``)."""
+        ends_on = getattr(req.constraint, "ends_on", None)
+        try:
+            if ends_on is None or not _may_end(req) or not ends_on(token):
+                return False
+        except Exception as e:
+            self._fail_constraint(req, e)
+            return True
+        detok = self._detokenizers.get(req.rid)
+        text = detok.flush(check_stop=True) if detok else ""
+        reason = FinishReason.STOP
+        handle = self._handles.get(req.rid)
+        if handle is not None:
+            handle.push(StreamEvent(req.rid, [], text, [], [], finished=True, finish_reason=reason))
+        self.scheduler.finish(req, reason)
+        self._complete(req)
+        return True
+
+    def _fail_constraint(self, req: Req, error: Exception) -> None:
+        req.error = f"constraint: {type(error).__name__}: {error}"
+        self.scheduler.finish(req, FinishReason.ERROR)
+        self._complete(req)
+
     def _append_token(
         self, req: Req, token: int, logprob: float | None, top: TopLogprobs | None
     ) -> None:
+        if req.constraint is not None and self._ends_before(req, token):
+            return
         req.tokens.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         if req.params.return_logprob:
             req.output_logprobs.append(logprob)
             req.output_top_logprobs.append(top)
+        constraint_done = constraint_failed = False
+        if req.constraint is not None:
+            try:
+                req.constraint.advance(token)
+                constraint_done = req.constraint.is_finished()
+            except Exception as e:
+                req.error = f"constraint: {type(e).__name__}: {e}"
+                constraint_failed = True
         detok = self._detokenizers.get(req.rid)
         reason = None
-        if token in req.stop_ids:
+        if token in req.stop_ids and not constraint_failed:
             reason, req.matched_stop = FinishReason.STOP, token
             text = detok.flush() if detok else ""
         else:
             check_stop = req.num_output >= req.params.min_new_tokens
             text = detok.push(token, check_stop=check_stop) if detok else ""
-            if detok is not None and detok.stopped:
+            if constraint_failed:
+                reason = FinishReason.ERROR
+                if detok is not None:
+                    text += detok.flush(check_stop=False)
+            elif detok is not None and detok.stopped:
                 reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
-            elif req.num_output >= req.max_new_tokens:
-                reason = FinishReason.LENGTH
+            elif constraint_done or req.num_output >= req.max_new_tokens:
+                # A finished constraint ends the request as a stop with no matched stop.
+                reason = FinishReason.STOP if constraint_done else FinishReason.LENGTH
                 if detok is not None:
                     text += detok.flush(check_stop=check_stop)
                     if detok.stopped:  # the stop ended in text held back until now
@@ -580,6 +683,31 @@ class Engine:
             raise RequestError(str(e)) from None
         raise RequestError(f"sampling must be SamplingParams or a dict, not {type(sampling)}")
 
+    def _constraint(
+        self, request: GenerateRequest, params: SamplingParams
+    ) -> TokenConstraint | None:
+        """The request's constraint: its own, or one compiled from ``params.regex``."""
+        if request.constraint is not None:
+            if params.regex is not None:
+                raise RequestError("give either sampling regex or a constraint, not both")
+            if not isinstance(request.constraint, TokenConstraint):
+                raise RequestError(
+                    "constraint must have allowed_mask(), advance(token_id) and is_finished(), "
+                    f"got {type(request.constraint).__name__}"
+                )
+            return request.constraint
+        if params.regex is None:
+            return None
+        if self.tokenizer is None:
+            raise RequestError(f"regex needs a tokenizer; model {self.files.name} has none")
+        try:
+            guide = get_regex_guide(
+                params.regex, self.tokenizer, self.eos_token_ids, self.runner.vocab_size
+            )
+        except ConstraintError as e:
+            raise RequestError(f"regex: {e}") from None
+        return guide.new_constraint()
+
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
         if (request.text is None) == (request.input_ids is None):
             raise RequestError("give exactly one of text and input_ids")
@@ -629,6 +757,23 @@ def _load_tokenizer(files: ModelFiles) -> Any | None:
     if not any((files.path / name).exists() for name in names):
         return None
     return files.load_tokenizer()
+
+
+def _may_end(req: Req) -> bool:
+    may_end = getattr(req.constraint, "may_end", None)
+    return may_end is not None and req.num_output >= req.params.min_new_tokens and bool(may_end())
+
+
+def _fit_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """A constraint's mask as a bool ``[width]`` row: ids past its end are disallowed."""
+    if mask.dtype != torch.bool or mask.dim() != 1 or mask.shape[0] > width:
+        raise ConstraintError(
+            f"allowed_mask() must be a bool tensor of at most {width} entries, "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
+    if mask.shape[0] < width:
+        mask = torch.cat([mask, mask.new_zeros(width - mask.shape[0])])
+    return mask
 
 
 def _pairs(ids: torch.Tensor, values: torch.Tensor) -> TopLogprobs:

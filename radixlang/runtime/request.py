@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.radix_cache import CacheHandle
 from radixlang.runtime.sampling import SamplingParams
 
@@ -22,7 +23,7 @@ TopLogprobs = list[tuple[int, float]]
 
 
 class FinishReason(enum.StrEnum):
-    STOP = "stop"  # EOS, a stop token id or a stop string
+    STOP = "stop"  # EOS, a stop token id, a stop string, or a finished constraint
     LENGTH = "length"  # max_new_tokens, the context window, or a pool too small for the sequence
     ABORT = "abort"  # abort(request_id), or the engine shut down first
     ERROR = "error"  # the engine failed while running the request; see ``error``
@@ -36,6 +37,8 @@ class GenerateRequest:
     input_ids: Sequence[int] | None = None
     sampling: SamplingParams | dict | None = None
     request_id: str | None = None
+    # A ready per-token constraint (instead of ``sampling.regex``); one request's, not shared.
+    constraint: TokenConstraint | None = None
 
 
 @dataclass
@@ -116,6 +119,8 @@ class Req:
     num_retractions: int = 0
     aborted: bool = False
     generator: torch.Generator | None = None
+    # Advanced once per sampled token (never again on a re-run after a retraction).
+    constraint: TokenConstraint | None = None
     # Log-probabilities.
     output_logprobs: list[float | None] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)

@@ -89,6 +89,8 @@ class SamplingParams:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # -1: no prompt logprobs; else prompt logprobs from this position
+    # The output must fully match this regex (compiled by the engine into per-token masks).
+    regex: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -153,6 +155,10 @@ class SamplingParams:
         if self.logprob_start_len < -1:
             raise SamplingParamsError(
                 f"logprob_start_len must be -1 (off) or >= 0, got {self.logprob_start_len}"
+            )
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise SamplingParamsError(
+                f"regex must be a str or None, got {type(self.regex).__name__} {self.regex!r}"
             )
 
     @staticmethod
