@@ -52,13 +52,16 @@ def resolve_backend(backend: Backend | None) -> Backend:
     return backend
 
 
-def split_run_kwargs(kwargs: dict[str, Any]) -> tuple[SamplingDefaults, dict[str, Any]]:
-    """(the run's sampling defaults, the program's own arguments) from ``run``'s keywords."""
-    sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KWARGS}
-    for k in _IGNORED_KWARGS & kwargs.keys():
+def split_run_kwargs(
+    kwargs: dict[str, Any], arg_names: Sequence[str] = ()
+) -> tuple[SamplingDefaults, dict[str, Any]]:
+    """(the run's sampling defaults, the program's own arguments) from ``run``'s keywords. A
+    keyword the program declares (say ``temperature``) goes to the program."""
+    own = set(arg_names)
+    sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KWARGS and k not in own}
+    for k in _IGNORED_KWARGS & kwargs.keys() - own:
         kwargs.pop(k)
-    n = kwargs.pop("n", 1)
-    if n != 1:
+    if "n" not in own and kwargs.pop("n", 1) != 1:
         raise ValueError("run(n=...) is not supported: use gen(..., n=k) or s.fork(k)")
     if sampling.get("stop") is None:
         sampling.pop("stop", None)
@@ -113,7 +116,7 @@ class Function:
         return ProgramState(StateExecutor(resolve_backend(backend), defaults, stream))
 
     def run(self, *args: Any, stream: bool = False, backend: Backend | None = None, **kwargs: Any):
-        defaults, kwargs = split_run_kwargs(kwargs)
+        defaults, kwargs = split_run_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, stream)
         bound = self._arguments(state, args, kwargs)
         body: Callable[[], Any] = lambda: self.func(*bound.args, **bound.kwargs)  # noqa: E731
@@ -140,7 +143,7 @@ class Function:
         s.aget(...)`` never blocks it); plain programs run on a worker thread."""
         if not self.is_async:
             return await asyncio.to_thread(self.run, *args, backend=backend, **kwargs)
-        defaults, kwargs = split_run_kwargs(kwargs)
+        defaults, kwargs = split_run_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, False)
         bound = self._arguments(state, args, kwargs)
         try:
@@ -230,8 +233,7 @@ def _finish(state: ProgramState, body: Callable[[], Any], wait: bool = False) ->
         state.executor.program_done.set()
         state.executor._changed()
     if wait:
-        state.executor.sync()
-        state.executor.raise_error()
+        state.executor.settle()
     return state
 
 

@@ -106,6 +106,7 @@ class StateExecutor:
         self.program_done = Signal()  # the program body returned (streamed runs)
         self._signals: dict[str | None, Signal] = {}
         self._failed: set[str | None] = set()  # variables that an error left without a value
+        self.children: list[StateExecutor] = []  # forked states, joined or not
         self._queue: collections.deque[Expr] = collections.deque()
         self._cond = threading.Condition()  # guards the queue; notified when anything changes
         self._idle = _set()  # set while no expression is queued or running
@@ -128,6 +129,28 @@ class StateExecutor:
 
     async def sync_async(self) -> None:
         await self._idle.wait_async()
+
+    def settle(self) -> None:
+        """Wait for this state and every state forked from it, then raise the first error
+        among them (this state's first)."""
+        for ex in self._tree():
+            ex.sync()
+        for ex in self._tree():
+            ex.raise_error()
+
+    async def settle_async(self) -> None:
+        for ex in self._tree():
+            await ex.sync_async()
+        for ex in self._tree():
+            ex.raise_error()
+
+    def _tree(self) -> list[StateExecutor]:
+        out, stack = [], [self]
+        while stack:
+            ex = stack.pop()
+            out.append(ex)
+            stack.extend(reversed(ex.children))
+        return out
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -175,6 +198,7 @@ class StateExecutor:
             child.cur_role_begin = self.cur_role_begin
             child.fork_start = len(self.text)
             children.append(child)
+        self.children.extend(children)
         return children
 
     def join(self, children: list[StateExecutor], mode: str, parent_vars: set) -> None:

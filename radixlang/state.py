@@ -53,8 +53,7 @@ class ProgramState:
         return self._settle().__await__()
 
     async def _settle(self) -> ProgramState:
-        await self.executor.sync_async()
-        self.executor.raise_error()
+        await self.executor.settle_async()
         return self
 
     def get_meta_info(self, name: str) -> Any:

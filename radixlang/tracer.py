@@ -348,7 +348,7 @@ class CompiledFunction:
     def run(self, *, backend: Backend | None = None, **kwargs: Any) -> ProgramState:
         from radixlang.function import resolve_backend, split_run_kwargs
 
-        defaults, arguments = split_run_kwargs(kwargs)
+        defaults, arguments = split_run_kwargs(kwargs, self.function.arg_names)
         unknown = set(arguments) - set(self.function.arg_names)
         if unknown:
             raise TypeError(f"{self.function.__name__} has no arguments {sorted(unknown)}")
@@ -371,8 +371,7 @@ class CompiledFunction:
             else:
                 groups[op.children].join(op.mode)
         root.executor.program_done.set()
-        root.sync()
-        root.executor.raise_error()
+        root.executor.settle()
         return root
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]], **kwargs: Any) -> list[ProgramState]:

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Sets up .venv (see setup.sh) and runs the main job: prompts completed by the engine on the
-# default model, with the cache statistics and the radix tree. Extra arguments go to
-# `radixlang generate` (e.g. --dtype bfloat16, --max-new-tokens 32).
+# Sets up .venv (see setup.sh) and runs the main job: examples/tree_of_thought.py on the default
+# model — a tree of thoughts (branching 3, depth 3: 27 leaves) grown with fork, every leaf judged
+# with select, a vote — then the prompt tokens computed against the token trie of all prompts
+# sent, and the cache statistics. Extra arguments go to the example (e.g. --max-tokens 16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/radixlang generate --chat --file examples/prompts/questions.txt \
-    --system "You are a concise assistant. Answer in at most two sentences." \
-    --max-new-tokens 48 --show-tree "$@"
+exec .venv/bin/python examples/tree_of_thought.py "$@"

@@ -33,19 +33,86 @@ def test_main_job_runs_on_the_default_model():
     assert out.rstrip().endswith("every block is free again")
 
 
-@pytest.mark.slow
-def test_readme_main_job_generates_through_the_engine():
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "run_main.sh"), "--max-new-tokens", "8"],
+def run_example(name: str, *args: str) -> str:
+    """Run ``examples/<name>`` with its smallest options; it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
         capture_output=True,
         text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    replies = [line for line in out.splitlines() if line.startswith("  [")]
-    assert len(replies) == 8  # one per prompt in examples/prompts/questions.txt
-    assert all("prompt tokens cached]" in r for r in replies)
-    stats = next(line for line in out.splitlines() if line.startswith("prompt tokens"))
-    reused = int(stats.split(": ")[1].split()[0])
-    assert reused > 0  # the shared system prompt came from the cache
-    assert "radix cache:" in out and "0 protected" in out
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def cache_stats(out: str) -> tuple[int, int, float]:
+    """(reused, computed, hit rate) from the example's closing statistics line."""
+    m = re.search(
+        r"prompt tokens: (\d+) reused, (\d+) computed of (\d+) \(cache hit rate ([\d.]+)%\)", out
+    )
+    assert m, out[-2000:]
+    reused, computed, total = int(m[1]), int(m[2]), int(m[3])
+    assert reused + computed == total
+    return reused, computed, float(m[4]) / 100
+
+
+@pytest.mark.slow
+def test_multi_turn_example():
+    out = run_example("multi_turn.py", "--max-tokens", "8", "--turns", "3", "--chats", "1")
+    roles = re.findall(r"^\[(system|user|assistant)\]", out, flags=re.M)
+    assert roles == ["system"] + ["user", "assistant"] * 3
+    reused, _, _ = cache_stats(out)
+    assert reused > 0  # each turn reuses the conversation before it
+
+
+@pytest.mark.slow
+def test_fork_join_example():
+    out = run_example("fork_join.py", "--tips", "2", "--max-tokens", "8")
+    assert re.search(r"^1\. .*\n   .*\n2\. ", out, flags=re.M)
+    reused, _, _ = cache_stats(out)
+    assert reused > 0  # the branches share the outline
+
+
+@pytest.mark.slow
+def test_self_consistency_example():
+    out = run_example("self_consistency.py", "--samples", "3", "--max-tokens", "8")
+    assert len(re.findall(r"^sample \d: answer", out, flags=re.M)) == 3
+    assert "winner: " in out
+    assert "prompt computed once: yes" in out
+    cache_stats(out)
+
+
+@pytest.mark.slow
+def test_readme_main_job_tree_of_thought():
+    """The README's main job at its default size (27 leaves): prompt tokens computed stay
+    within 1.05x the distinct tokens of the token trie of all the prompts it sent."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "run_main.sh"), "--max-tokens", "16"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    leaves = re.findall(r"Step 3: .*\[(yes|no), P\(yes\)=[\d.]+\]", out)
+    assert len(leaves) == 27 and "27 leaves" in out
+    distinct = int(
+        re.search(r"distinct prompt tokens \(token trie of all prompts\): (\d+)", out)[1]
+    )
+    computed = int(re.search(r"prompt tokens computed by the runtime: (\d+)", out)[1])
+    sent = int(re.search(r"prompts sent: \d+ with (\d+) tokens", out)[1])
+    least = int(re.search(r"least prompt computation with a perfect prefix cache: (\d+)", out)[1])
+    assert 0 < least <= distinct < sent
+    # No prefix cache computes less than the trie positions no generation decoded ...
+    assert least <= computed
+    # ... and this one computes at most 1.05x the trie's distinct tokens.
+    assert computed <= 1.05 * distinct
+    cache_stats(out)
+
+
+@pytest.mark.slow
+def test_few_shot_batch_example():
+    out = run_example("few_shot_batch.py", "--num-questions", "16", "--max-tokens", "4")
+    assert len(re.findall(r"^   A: ", out, flags=re.M)) == 16
+    _, _, hit_rate = cache_stats(out)
+    assert hit_rate > 0.5  # the few-shot prefix is computed once for 16 programs

@@ -355,3 +355,48 @@ def test_no_backend_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="set_default_backend"):
         prog.run()
+
+
+def test_run_waits_for_branches_that_are_never_joined():
+    import threading
+
+    release = threading.Event()
+
+    def reply(prompt, sampling):
+        release.wait(5)
+        return "late"
+
+    backend = FakeBackend(reply=reply)
+
+    @sgl.function
+    def prog(s):
+        s += "P"
+        for f in s.fork(3):
+            f += sgl.gen("x")  # never joined
+        threading.Timer(0.2, release.set).start()
+
+    prog.run(backend=backend)
+    assert len(backend.calls) == 3 and release.is_set()
+
+
+def test_an_error_in_an_unjoined_branch_reaches_run(backend):
+    backend.fail_on = "bad"
+
+    @sgl.function
+    def prog(s):
+        s += "P"
+        forks = s.fork(2)
+        forks += lambda i: ("bad" if i else "ok") + sgl.gen("x")
+
+    with pytest.raises(ValueError, match="backend failure"):
+        prog.run(backend=backend)
+
+
+def test_a_program_argument_named_like_a_sampling_keyword_goes_to_the_program(backend):
+    @sgl.function
+    def prog(s, temperature, n):
+        s += f"T={temperature} n={n}" + sgl.gen("x")
+
+    state = prog.run(temperature="hot", n=3, backend=backend)
+    assert state.text().startswith("T=hot n=3")
+    assert backend.calls[0][2]["temperature"] == 1.0  # the run's default, untouched
