@@ -271,7 +271,15 @@ class Engine:
         self._call(self.scheduler.check_integrity)
 
     def stats(self) -> dict[str, float | int]:
-        """Requests, blocks, cached tokens, prompt tokens computed vs reused, throughput."""
+        """Requests, blocks, cached tokens, prompt tokens computed vs reused, throughput.
+
+        Read on the engine thread (between steps) while it runs, so the figures are those of
+        whole steps: a caller whose request just finished sees that step's tokens counted."""
+        if self._thread is not None and self._thread.is_alive() and not self._closed:
+            return self._call(self._stats)
+        return self._stats()
+
+    def _stats(self) -> dict[str, float | int]:
         s = self.scheduler.stats()
         now = time.perf_counter()
         recent = [(t0, n) for t0, t1, n in list(self._recent) if now - t1 <= THROUGHPUT_WINDOW_S]
