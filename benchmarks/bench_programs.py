@@ -49,18 +49,18 @@ import platform
 import random
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
 
-T = TypeVar("T")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import in_thread
 
 WORKLOADS = ("few_shot", "self_consistency", "tree_of_thought", "multi_turn", "select")
 # Speedup over the faster baseline that the project reports against.
@@ -75,29 +75,6 @@ ENGINE_COUNTERS = (
     "finished_requests",
     "retractions",
 )
-
-
-def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn`` on a short-lived thread and return its result.
-
-    The transformers side runs this way so that no long-lived thread but the engine's owns an
-    OpenMP team: libgomp throttles its workers once two threads own one, which would slow
-    whichever side ran second.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:
-            box["error"] = e
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 # ---- sizes -----------------------------------------------------------------------------------

@@ -61,15 +61,6 @@ def answer(s, question: str, max_tokens: int):
     s += sgl.gen("answer", max_tokens=max_tokens, stop=["\n"], temperature=0)
 
 
-def print_cache_stats(rt: sgl.Runtime) -> None:
-    st = rt.stats()
-    print(
-        f"prompt tokens: {st['prompt_tokens_reused']} reused, {st['prompt_tokens_computed']} "
-        f"computed of {st['prompt_tokens']} (cache hit rate {st['cache_hit_rate']:.1%}); "
-        f"{st['generated_tokens']} tokens generated"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-questions", type=int, default=len(QUESTIONS))
@@ -94,7 +85,7 @@ def main() -> None:
             f"\n{len(states)} programs in {seconds:.1f} s; the shared few-shot prefix has "
             f"{prefix_len} tokens ({len(states) * prefix_len} if every program computed it)"
         )
-        print_cache_stats(rt)
+        print(rt.cache_summary())
     finally:
         rt.shutdown()
 

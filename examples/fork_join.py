@@ -48,15 +48,6 @@ def assemble(state, num_tips: int) -> str:
     return "\n".join(parts)
 
 
-def print_cache_stats(rt: sgl.Runtime) -> None:
-    st = rt.stats()
-    print(
-        f"prompt tokens: {st['prompt_tokens_reused']} reused, {st['prompt_tokens_computed']} "
-        f"computed of {st['prompt_tokens']} (cache hit rate {st['cache_hit_rate']:.1%}); "
-        f"{st['generated_tokens']} tokens generated"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", default="staying focused while working from home")
@@ -74,7 +65,7 @@ def main() -> None:
         print(f"Tips for {args.topic}:\n")
         print(assemble(state, args.tips))
         print(f"\n{args.tips} branches expanded in parallel; done in {seconds:.1f} s")
-        print_cache_stats(rt)
+        print(rt.cache_summary())
     finally:
         rt.shutdown()
 

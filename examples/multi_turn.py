@@ -44,15 +44,6 @@ def chat(s, questions: list[str], max_tokens: int):
         s += sgl.assistant(sgl.gen(f"answer_{i}", max_tokens=max_tokens, temperature=0))
 
 
-def print_cache_stats(rt: sgl.Runtime) -> None:
-    st = rt.stats()
-    print(
-        f"prompt tokens: {st['prompt_tokens_reused']} reused, {st['prompt_tokens_computed']} "
-        f"computed of {st['prompt_tokens']} (cache hit rate {st['cache_hit_rate']:.1%}); "
-        f"{st['generated_tokens']} tokens generated"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=96, help="tokens per reply")
@@ -71,7 +62,7 @@ def main() -> None:
                 print(f"[{message['role']}] {message['content'].strip()}")
             print()
         print(f"done in {time.perf_counter() - start:.1f} s")
-        print_cache_stats(rt)
+        print(rt.cache_summary())
     finally:
         rt.shutdown()
 

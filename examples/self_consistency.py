@@ -45,15 +45,6 @@ def solve(s, question: str, samples: int, max_tokens: int, sample_temperature: f
     branches.join()
 
 
-def print_cache_stats(rt: sgl.Runtime) -> None:
-    st = rt.stats()
-    print(
-        f"prompt tokens: {st['prompt_tokens_reused']} reused, {st['prompt_tokens_computed']} "
-        f"computed of {st['prompt_tokens']} (cache hit rate {st['cache_hit_rate']:.1%}); "
-        f"{st['generated_tokens']} tokens generated"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=8, help="reasoning chains (branches)")
@@ -95,7 +86,7 @@ def main() -> int:
         )
         once = prompt_len <= computed < 2 * prompt_len
         print(f"prompt computed once: {'yes' if once else 'NO'}")
-        print_cache_stats(rt)
+        print(rt.cache_summary())
     finally:
         rt.shutdown()
     return 0 if once else 1

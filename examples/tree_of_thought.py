@@ -192,15 +192,6 @@ def prefill_bounds(encode, log: PromptLog) -> tuple[int, int]:
     return distinct, len(decoded)
 
 
-def print_cache_stats(rt: sgl.Runtime) -> None:
-    st = rt.stats()
-    print(
-        f"prompt tokens: {st['prompt_tokens_reused']} reused, {st['prompt_tokens_computed']} "
-        f"computed of {st['prompt_tokens']} (cache hit rate {st['cache_hit_rate']:.1%}); "
-        f"{st['generated_tokens']} tokens generated"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--branching", type=int, default=3, help="children per node")
@@ -252,7 +243,7 @@ def main() -> None:
             f"computed / distinct = {computed / distinct:.2f}; "
             f"computed / least = {computed / max(least, 1):.2f}"
         )
-        print_cache_stats(rt)
+        print(rt.cache_summary())
     finally:
         rt.shutdown()
 

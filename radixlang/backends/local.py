@@ -119,6 +119,15 @@ class LocalBackend(Backend):
     def stats(self) -> dict[str, float | int]:
         return self.engine.stats()
 
+    def cache_summary(self) -> str:
+        """One line: prompt tokens reused vs computed, the hit rate, tokens generated."""
+        st = self.engine.stats()
+        return (
+            f"prompt tokens: {st['prompt_tokens_reused']} reused, {st['prompt_tokens_computed']} "
+            f"computed of {st['prompt_tokens']} (cache hit rate {st['cache_hit_rate']:.1%}); "
+            f"{st['generated_tokens']} tokens generated"
+        )
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 
