@@ -26,7 +26,8 @@ from radixlang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixlang.function import Function, function, get_default_backend, set_default_backend
+from radixlang.function import Function, function
+from radixlang.run_options import get_default_backend, set_default_backend
 from radixlang.state import ProgramState, ProgramStateGroup
 
 __version__ = "0.1.0"

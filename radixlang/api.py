@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlang.choices import ChoicesSamplingMethod, token_length_normalized
-from radixlang.function import get_default_backend
 from radixlang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixlang.run_options import get_default_backend
 
 
 def gen(

@@ -11,7 +11,6 @@ replays that graph without re-running the Python. Inside a program, ``g(s, ...)`
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -21,53 +20,12 @@ from typing import TYPE_CHECKING, Any
 from radixlang.backends.base import Backend
 from radixlang.interpreter import StateExecutor
 from radixlang.ir import SamplingDefaults
+from radixlang.run_options import get_default_backend, resolve_backend, split_run_kwargs
 from radixlang.state import ProgramState
 
 if TYPE_CHECKING:
     from radixlang.graph import CallGraph
     from radixlang.tracer import CompiledFunction
-
-_SAMPLING_KWARGS = {f.name for f in dataclasses.fields(SamplingDefaults)}
-# SGLang's run() keywords that mean nothing here (one completion per gen; states run on threads).
-_IGNORED_KWARGS = {"use_thread", "return_text_in_logprobs", "stop_regex"}
-
-_default_backend: Backend | None = None
-
-
-def set_default_backend(backend: Backend | None) -> None:
-    global _default_backend
-    _default_backend = backend
-
-
-def get_default_backend() -> Backend | None:
-    return _default_backend
-
-
-def resolve_backend(backend: Backend | None) -> Backend:
-    backend = backend or _default_backend
-    if backend is None:
-        raise RuntimeError(
-            "no backend: pass backend=..., or call radixlang.set_default_backend(Runtime())"
-        )
-    return backend
-
-
-def split_run_kwargs(
-    kwargs: dict[str, Any], arg_names: Sequence[str] = ()
-) -> tuple[SamplingDefaults, dict[str, Any]]:
-    """(the run's sampling defaults, the program's own arguments) from ``run``'s keywords. A
-    keyword the program declares (say ``temperature``) goes to the program."""
-    own = set(arg_names)
-    sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KWARGS and k not in own}
-    for k in _IGNORED_KWARGS & kwargs.keys() - own:
-        kwargs.pop(k)
-    if "n" not in own and kwargs.pop("n", 1) != 1:
-        raise ValueError("run(n=...) is not supported: use gen(..., n=k) or s.fork(k)")
-    if sampling.get("stop") is None:
-        sampling.pop("stop", None)
-    if sampling.get("stop_token_ids") is None:
-        sampling.pop("stop_token_ids", None)
-    return SamplingDefaults(**sampling), kwargs
 
 
 class Function:
@@ -210,7 +168,7 @@ class Function:
         """The program's call graph; arguments not given are symbolic."""
         from radixlang.tracer import trace_program
 
-        return trace_program(self, kwargs, backend or _default_backend)
+        return trace_program(self, kwargs, backend or get_default_backend())
 
     def compile(self, *, backend: Backend | None = None) -> CompiledFunction:
         from radixlang.tracer import CompiledFunction

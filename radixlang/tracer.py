@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from radixlang.backends.base import Backend
 from radixlang.chat_template import PLAIN
@@ -42,10 +42,8 @@ from radixlang.ir import (
     VarScopeEnd,
     as_expr,
 )
+from radixlang.run_options import resolve_backend, split_run_kwargs
 from radixlang.state import ProgramState
-
-if TYPE_CHECKING:
-    from radixlang.function import Function
 
 _MARK = "\x1f"
 _MARKER = re.compile(_MARK + r"(arg|var):(\d+):([^" + _MARK + r"]*)" + _MARK)
@@ -261,7 +259,9 @@ def _new_state(recording: _Recording, backend: Backend | None) -> ProgramState:
     return ProgramState(TracingExecutor(recording, next(recording.chains), backend))
 
 
-def _call(function: Function, state: ProgramState, arguments: dict[str, Any]) -> None:
+# ``function`` below is a radixlang ``Function``; this module does not import it, because
+# function.py imports this one (trace, compile and run_batch's pre-caching live here).
+def _call(function: Any, state: ProgramState, arguments: dict[str, Any]) -> None:
     import asyncio
 
     bound = function._arguments(state, (), arguments)
@@ -271,7 +271,7 @@ def _call(function: Function, state: ProgramState, arguments: dict[str, Any]) ->
 
 
 def _record(
-    function: Function, arguments: dict[str, Any], backend: Backend | None, prefix_mode: bool
+    function: Any, arguments: dict[str, Any], backend: Backend | None, prefix_mode: bool
 ) -> _Recording:
     recording = _Recording(function.__name__, prefix_mode)
     state = _new_state(recording, backend)
@@ -283,9 +283,7 @@ def _record(
     return recording
 
 
-def trace_program(
-    function: Function, arguments: dict[str, Any], backend: Backend | None
-) -> CallGraph:
+def trace_program(function: Any, arguments: dict[str, Any], backend: Backend | None) -> CallGraph:
     """The call graph of ``function``; arguments not in ``arguments`` stay symbolic."""
     try:
         return _record(function, arguments, backend, prefix_mode=False).graph
@@ -295,7 +293,7 @@ def trace_program(
         raise TracingError(f"tracing {function.__name__} failed: {e!r}") from e
 
 
-def shared_prompt_prefix(function: Function, items: list[dict[str, Any]], backend: Backend) -> str:
+def shared_prompt_prefix(function: Any, items: list[dict[str, Any]], backend: Backend) -> str:
     """The prompt text that every item's first generation call starts with ('' if none)."""
     prompts = []
     for item in items:
@@ -331,7 +329,7 @@ class CompiledFunction:
     and generated values substituted, so no Python of the program runs again; the states'
     workers run branches concurrently as in an eager run."""
 
-    def __init__(self, function: Function, backend: Backend | None = None) -> None:
+    def __init__(self, function: Any, backend: Backend | None = None) -> None:
         self.function = function
         self.backend = backend
         try:
@@ -346,8 +344,6 @@ class CompiledFunction:
         return self.recording.graph
 
     def run(self, *, backend: Backend | None = None, **kwargs: Any) -> ProgramState:
-        from radixlang.function import resolve_backend, split_run_kwargs
-
         defaults, arguments = split_run_kwargs(kwargs, self.function.arg_names)
         unknown = set(arguments) - set(self.function.arg_names)
         if unknown:
