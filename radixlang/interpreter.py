@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -107,6 +108,8 @@ class StateExecutor:
         self._signals: dict[str | None, Signal] = {}
         self._failed: set[str | None] = set()  # variables that an error left without a value
         self.children: list[StateExecutor] = []  # forked states, joined or not
+        self.inherited_vars: set[str | None] = set()  # a fork's variables from its parent
+        self._inherited = _set()  # a fork's: set once it holds its parent's state
         self._queue: collections.deque[Expr] = collections.deque()
         self._cond = threading.Condition()  # guards the queue; notified when anything changes
         self._idle = _set()  # set while no expression is queued or running
@@ -157,12 +160,14 @@ class StateExecutor:
             raise self.error
 
     def get_var(self, name: str | None) -> Any:
+        self._inherited.wait()
         signal = self._signals.get(name)
         if signal is not None:
             signal.wait()
         return self._value(name)
 
     async def get_var_async(self, name: str | None) -> Any:
+        await self._inherited.wait_async()
         signal = self._signals.get(name)
         if signal is not None:
             await signal.wait_async()
@@ -182,28 +187,62 @@ class StateExecutor:
         return name in self.variables and (signal is None or signal.is_set())
 
     def fork(self, size: int) -> list[StateExecutor]:
-        self.sync()
+        """``size`` states that start from this one's state once everything submitted so far
+        has run. Returns at once: a program can fork a whole tree level without waiting, and
+        each branch's own expressions queue until its parent reaches the fork point."""
         self.raise_error()
-        if size > 1 and self.text:
-            # Prefill the shared prefix once; the branches' requests then all hit it.
-            self.backend.cache_prefix(self.text)
         children = []
         for _ in range(size):
             child = StateExecutor(self.backend, self.defaults, self.stream, self.chat_template)
-            child.text = self.text
-            child.messages = list(self.messages)
-            child.variables = dict(self.variables)
-            child.meta_info = dict(self.meta_info)
-            child.cur_role = self.cur_role
-            child.cur_role_begin = self.cur_role_begin
-            child.fork_start = len(self.text)
+            child._idle = Signal()  # busy until it inherits the parent's state
+            child._inherited = Signal()
             children.append(child)
         self.children.extend(children)
+        self.submit(_ForkPoint(children))
         return children
 
-    def join(self, children: list[StateExecutor], mode: str, parent_vars: set) -> None:
-        """Wait for forked ``children`` and bring their results back (see ``ProgramStateGroup``).
-        ``parent_vars``: the variables this state had when it forked."""
+    def _inherit(self, parent: StateExecutor) -> None:
+        """Take ``parent``'s state at the fork point (on the parent's worker), then run what the
+        program already queued here."""
+        self.text = parent.text
+        self.messages = list(parent.messages)
+        self.variables = dict(parent.variables)
+        self.meta_info = dict(parent.meta_info)
+        self.inherited_vars = set(parent.variables)
+        self.cur_role = parent.cur_role
+        self.cur_role_begin = parent.cur_role_begin
+        self.fork_start = len(parent.text)
+        self._resume()
+
+    def _resume(self) -> None:
+        self._inherited.set()
+        with self._cond:
+            if self._queue or self.error is not None:
+                threading.Thread(target=self._work, name="radixlang-state", daemon=True).start()
+            else:
+                self._idle.set()
+                self._cond.notify_all()
+
+    def _fail_forks(self, error: BaseException, pending: list[Expr]) -> None:
+        """The parent failed before these fork points: their branches fail with its error."""
+        for expr in pending:
+            if isinstance(expr, _ForkPoint):
+                for child in expr.children:
+                    if not child._inherited.is_set():
+                        child._fail(error)
+                        child._resume()
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop this state: waiters on values it has not made wake and raise ``error``."""
+        self.error = error
+        for name, signal in list(self._signals.items()):
+            if not signal.is_set():
+                self._failed.add(name)
+                signal.set()
+
+    def join(self, children: list[StateExecutor], mode: str) -> None:
+        """Wait for forked ``children`` and bring their results back (see ``ProgramStateGroup``):
+        a variable a child made (one it did not inherit) becomes a list here."""
         for child in children:
             child.sync()
             child.raise_error()
@@ -216,7 +255,7 @@ class StateExecutor:
         metas: dict[str | None, list[Any]] = {}
         for child in children:
             for name, value in child.variables.items():
-                if name not in parent_vars:
+                if name not in child.inherited_vars:
                     gathered.setdefault(name, []).append(value)
                     metas.setdefault(name, []).append(child.meta_info.get(name))
         self.sync()
@@ -265,6 +304,8 @@ class StateExecutor:
         while True:
             with self._cond:
                 if not self._queue or self.error is not None:
+                    if self._queue:
+                        self._fail_forks(self.error, list(self._queue))  # type: ignore[arg-type]
                     self._queue.clear()
                     self._idle.set()
                     self._cond.notify_all()
@@ -273,11 +314,8 @@ class StateExecutor:
             try:
                 self._execute(expr)
             except BaseException as e:  # the state stops; waiters wake and raise it
-                self.error = e
-                for name, signal in list(self._signals.items()):
-                    if not signal.is_set():
-                        self._failed.add(name)
-                        signal.set()
+                self._fail(e)
+                self._fail_forks(e, [expr])
             self._changed()
 
     def _execute(self, expr: Expr) -> None:
@@ -308,6 +346,14 @@ class StateExecutor:
                 child.sync()
                 child.raise_error()
                 self.text += child.text[child.fork_start :]
+        elif isinstance(expr, _ForkPoint):
+            if len(expr.children) > 1 and self.text:
+                # Prefill the shared prefix once; the branches' requests then all hit it. Only
+                # a hint: a prompt the backend refuses fails in the branches' own calls.
+                with contextlib.suppress(Exception):
+                    self.backend.cache_prefix(self.text)
+            for child in expr.children:
+                child._inherit(self)
         elif isinstance(expr, CachePrefix):
             if self.text:
                 self.backend.cache_prefix(self.text)
@@ -390,3 +436,11 @@ class StateExecutor:
         self.text += suffix
         self.cur_role = None
         self.messages.append({"role": role, "content": content})
+
+
+class _ForkPoint(Expr):
+    """Where a state forks: its branches take its state when its worker gets here."""
+
+    def __init__(self, children: list[StateExecutor]) -> None:
+        super().__init__()
+        self.children = children

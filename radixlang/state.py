@@ -164,7 +164,6 @@ class ProgramStateGroup:
     def __init__(self, states: list[ProgramState], source: ProgramState) -> None:
         self.states = states
         self.src_state = source
-        self._parent_vars = set(source.executor.variables)
 
     def __len__(self) -> int:
         return len(self.states)
@@ -199,7 +198,7 @@ class ProgramStateGroup:
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}: gather_variable or concate_and_append")
         children = [s.executor for s in self.states]
-        self.src_state.executor.join(children, mode, self._parent_vars)
+        self.src_state.executor.join(children, mode)
 
     async def ajoin(self, mode: str = "gather_variable") -> None:
         for state in self.states:

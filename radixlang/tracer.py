@@ -171,7 +171,7 @@ class TracingExecutor(StateExecutor):
         self.recording.ops.append(_Op("fork", self.chain, children=chains))
         return children
 
-    def join(self, children: list[StateExecutor], mode: str, parent_vars: set) -> None:
+    def join(self, children: list[StateExecutor], mode: str) -> None:
         node = self._node("join", mode)
         chains = tuple(c.chain for c in children)  # type: ignore[attr-defined]
         for child in children:

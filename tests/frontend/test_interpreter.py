@@ -400,3 +400,73 @@ def test_a_program_argument_named_like_a_sampling_keyword_goes_to_the_program(ba
     state = prog.run(temperature="hot", n=3, backend=backend)
     assert state.text().startswith("T=hot n=3")
     assert backend.calls[0][2]["temperature"] == 1.0  # the run's default, untouched
+
+
+def test_fork_returns_at_once_and_branches_start_from_the_fork_point():
+    import threading
+
+    release = threading.Event()
+    forked = threading.Event()
+
+    def reply(prompt, sampling):
+        if prompt == "Q:":
+            release.wait(5)  # the parent's gen is still running when fork() returns
+            return "parent"
+        return "child"
+
+    backend = FakeBackend(reply=reply)
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a")
+        forks = s.fork(2)
+        forked.set()
+        assert not release.is_set()
+        forks += lambda i: f" b{i}:" + sgl.gen("b")
+        release.set()
+        forks.join()
+
+    state = prog.run(backend=backend)
+    assert forked.is_set()
+    prompts = sorted(p for _, p, _ in backend.calls)
+    assert prompts == ["Q:", "Q:parent b0:", "Q:parent b1:"]
+    assert state["a"] == "parent"  # inherited, not gathered
+    assert state["b"] == ["child", "child"]
+    assert backend.cached == ["Q:parent"]
+
+
+def test_a_parent_failing_before_the_fork_point_fails_its_branches(backend):
+    backend.fail_on = "boom"
+
+    @sgl.function
+    def prog(s):
+        s += "boom" + sgl.gen("a")
+        forks = s.fork(2)
+        inner = forks[0].fork(2)  # a fork of a branch that never starts
+        inner += lambda i: sgl.gen("deep")
+        forks += lambda i: sgl.gen("b")
+        forks.join()
+
+    with pytest.raises(ValueError, match="backend failure"):
+        prog.run(backend=backend)
+    assert len(backend.calls) == 1
+
+
+def test_forks_of_forks_build_a_tree(backend):
+    @sgl.function
+    def prog(s):
+        s += "R"
+        level1 = s.fork(2)
+        level1 += lambda i: f"-{i}" + sgl.gen("x", max_tokens=1)
+        leaves = []
+        for branch in level1:
+            level2 = branch.fork(2)
+            level2 += lambda j: f"-{j}" + sgl.gen("y", max_tokens=1)
+            leaves.extend(level2)
+        s.ret = [leaf.text() for leaf in leaves]
+
+    state = prog.run(backend=backend)
+    texts = state.ret
+    assert len(texts) == 4 and all(t.startswith("R-") for t in texts)
+    assert {t[:3] for t in texts} == {"R-0", "R-1"}
+    assert len(backend.calls) == 6
