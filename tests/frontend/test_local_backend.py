@@ -116,3 +116,35 @@ def test_streamed_gen_on_the_engine(tiny_runtime):
     pieces = list(state.text_iter("n"))
     assert "".join(pieces) == state["n"]
     assert state.get_meta_info("n")["completion_tokens"] == 12
+
+
+def test_bad_input_in_a_program_fails_that_program_only(tiny_runtime):
+    from radixlang.runtime.engine import RequestError
+
+    @sgl.function
+    def too_long(s):
+        s += "word " * 2000  # beyond the tiny model's 1024-token context
+        s += sgl.gen("x", max_tokens=4)
+
+    @sgl.function
+    def bad_param(s):
+        s += "Hello"
+        s += sgl.gen("x", max_tokens=-3)
+
+    @sgl.function
+    def fine(s):
+        s += "Hello"
+        forks = s.fork(3)
+        forks += lambda i: sgl.gen("x", max_tokens=3)
+        forks.join()
+
+    with pytest.raises(RequestError, match="context window"):
+        too_long.run(backend=tiny_runtime)
+    with pytest.raises(RequestError, match="max_new_tokens"):
+        bad_param.run(backend=tiny_runtime)
+    assert len(fine.run(backend=tiny_runtime)["x"]) == 3
+    engine = tiny_runtime.engine
+    engine.check_integrity()
+    assert tiny_runtime.flush_cache()
+    stats = tiny_runtime.stats()
+    assert stats["blocks_free"] == stats["blocks_total"]  # nothing leaked
