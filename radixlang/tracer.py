@@ -19,6 +19,7 @@ The recording serves three uses:
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -305,14 +306,7 @@ def shared_prompt_prefix(function: Any, items: list[dict[str, Any]], backend: Ba
             return ""
         else:
             return ""  # an item generates nothing
-    prefix = prompts[0]
-    for p in prompts[1:]:
-        n = 0
-        for a, b in zip(prefix, p, strict=False):
-            if a != b:
-                break
-            n += 1
-        prefix = prefix[:n]
+    prefix = os.path.commonprefix(prompts)  # noqa: RUF071  (character-wise on purpose)
     if any(len(p) > len(prefix) for p in prompts):
         # Stop before the last whitespace: the items' text goes on, and a cut inside a word (or
         # after a space that BPE joins to the next word) would end in a token their own prompts
