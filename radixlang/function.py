@@ -107,7 +107,7 @@ class Function:
         try:
             state.ret_value = await self.func(*bound.args, **bound.kwargs)
         finally:
-            state.executor.program_done.set()
+            state.executor.end_program()
         await state
         return state
 
@@ -188,8 +188,7 @@ def _finish(state: ProgramState, body: Callable[[], Any], wait: bool = False) ->
         if state.executor.error is None:
             state.executor.error = e
     finally:
-        state.executor.program_done.set()
-        state.executor._changed()
+        state.executor.end_program()
     if wait:
         state.executor.settle()
     return state

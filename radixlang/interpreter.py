@@ -19,7 +19,6 @@ from typing import Any
 from radixlang.backends.base import Backend
 from radixlang.chat_template import ChatTemplate
 from radixlang.ir import (
-    CachePrefix,
     ConcatenateAndAppend,
     Expr,
     ExprList,
@@ -182,10 +181,6 @@ class StateExecutor:
             raise self.error
         raise KeyError(f"no variable {name!r} in this program state")
 
-    def is_ready(self, name: str | None) -> bool:
-        signal = self._signals.get(name)
-        return name in self.variables and (signal is None or signal.is_set())
-
     def fork(self, size: int) -> list[StateExecutor]:
         """``size`` states that start from this one's state once everything submitted so far
         has run. Returns at once: a program can fork a whole tree level without waiting, and
@@ -261,6 +256,11 @@ class StateExecutor:
         self.sync()
         for name, values in gathered.items():
             self._set_var(name, values, metas[name])
+
+    def end_program(self) -> None:
+        """The program body returned: nothing more will be submitted (streams may end)."""
+        self.program_done.set()
+        self._changed()
 
     def enter_call(self, name: str) -> None:
         """A nested program call begins on this state (the tracer records it)."""
@@ -354,9 +354,6 @@ class StateExecutor:
                     self.backend.cache_prefix(self.text)
             for child in expr.children:
                 child._inherit(self)
-        elif isinstance(expr, CachePrefix):
-            if self.text:
-                self.backend.cache_prefix(self.text)
         else:
             raise ProgramError(f"cannot execute {expr!r}")
 

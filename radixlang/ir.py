@@ -69,26 +69,6 @@ class Text(Expr):
         return f"Text({self.value!r})"
 
 
-# Sampling fields a gen call may set; None leaves the program's default (``run(...)``) in place.
-SAMPLING_FIELDS = (
-    "max_new_tokens",
-    "min_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "ignore_eos",
-    "return_logprob",
-    "logprob_start_len",
-    "top_logprobs_num",
-    "seed",
-)
-
-
 @dataclasses.dataclass
 class SamplingDefaults:
     """A program run's defaults for every gen call (the keyword arguments of ``run``)."""
@@ -113,9 +93,9 @@ class SamplingDefaults:
         """The sampling parameters of one call: the defaults, with the call's overrides on top,
         in the engine's names; ``extra_stop`` (the chat template's end of turn) is added."""
         out: dict[str, Any] = {}
-        for name in SAMPLING_FIELDS:
-            value = overrides.get(name)
-            out[name] = getattr(self, name) if value is None else value
+        for f in dataclasses.fields(self):  # a call's None leaves the run's default in place
+            value = overrides.get(f.name)
+            out[f.name] = getattr(self, f.name) if value is None else value
         stop = out["stop"]
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         out["stop"] = stop + [s for s in extra_stop if s not in stop]
@@ -224,7 +204,3 @@ class ConcatenateAndAppend(Expr):
     def __init__(self, states: Sequence[Any]) -> None:
         super().__init__()
         self.states = list(states)
-
-
-class CachePrefix(Expr):
-    """Prefill the text so far into the cache (before a fork, so branches share it)."""

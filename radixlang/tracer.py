@@ -29,7 +29,6 @@ from radixlang.chat_template import PLAIN
 from radixlang.graph import CallGraph, _short
 from radixlang.interpreter import StateExecutor
 from radixlang.ir import (
-    CachePrefix,
     Expr,
     ExprList,
     Gen,
@@ -160,12 +159,7 @@ class TracingExecutor(StateExecutor):
         children = []
         for _ in range(size):
             child = TracingExecutor(self.recording, next(self.recording.chains), self.backend)
-            child.text = self.text
-            child.messages = list(self.messages)
-            child.variables = dict(self.variables)
-            child.cur_role = self.cur_role
-            child.cur_role_begin = self.cur_role_begin
-            child.fork_start = len(self.text)
+            child._inherit(self)  # at once: a trace has no queue to wait for
             child.last, child.edge_kind = node.id, "fork"
             children.append(child)
         chains = tuple(c.chain for c in children)
@@ -246,8 +240,6 @@ class TracingExecutor(StateExecutor):
         elif isinstance(expr, Variable):
             self._node("text", f"${expr.name}")
             self.text += _var_marker(self.chain, expr.name)
-        elif isinstance(expr, CachePrefix):
-            pass
         else:
             raise TracingError(f"cannot trace {expr!r}")
 
@@ -360,7 +352,7 @@ class CompiledFunction:
                 states.update(zip(op.children, group.states, strict=True))
             else:
                 groups[op.children].join(op.mode)
-        root.executor.program_done.set()
+        root.executor.end_program()
         root.executor.settle()
         return root
 
