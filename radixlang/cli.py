@@ -106,6 +106,40 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from radixlang.runtime.engine import Engine
+    from radixlang.runtime.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    engine = Engine(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        kv_memory=args.kv_memory,
+        max_batch_tokens=args.max_batch_tokens,
+        max_running_requests=args.max_running_requests,
+        schedule_policy=args.schedule_policy,
+        seed=args.seed,
+    )
+    print(
+        f"radixlang: serving {args.served_model_name or engine.files.name} on "
+        f"http://{args.host}:{args.port} ({engine.pool.num_blocks} KV blocks of "
+        f"{engine.pool.block_size} tokens, {engine.runner.dtype}, {engine.runner.device})",
+        flush=True,
+    )
+    serve(
+        engine,
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        drain_timeout=args.drain_timeout,
+        log_level=args.log_level,
+    )
+    return 0
+
+
 def _format_stats(s: dict) -> str:
     return "\n".join(
         [
@@ -149,6 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print results and stats as JSON")
     p.add_argument("--show-tree", action="store_true", help="print the radix cache's tree")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("serve", help="serve a model over HTTP: SGLang's /generate, OpenAI's /v1")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--served-model-name", help="the model name clients use (default: the model's)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-memory", default="1GiB", help="KV cache size, e.g. 512MiB or 2GiB")
+    p.add_argument("--max-batch-tokens", type=int, help="tokens per engine step (prefill budget)")
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs", "dfs-weight"])
+    p.add_argument("--seed", type=int, default=0, help="the engine's sampling seed")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to let requests in flight finish on shutdown before aborting them",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

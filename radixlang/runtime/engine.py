@@ -108,6 +108,7 @@ class Engine:
         self._closed = False
         self._generated_tokens = 0
         self._finished_requests = 0
+        self._finished_by_reason: collections.Counter[FinishReason] = collections.Counter()
         self._recent: collections.deque[tuple[float, float, int]] = collections.deque()
         self._busy_seconds = 0.0
         self._thread: threading.Thread | None = None
@@ -167,6 +168,11 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.runner.max_context
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the engine takes requests: not shut down, its thread (if any) alive."""
+        return not self._closed and (self._thread is None or self._thread.is_alive())
 
     def submit(
         self,
@@ -285,6 +291,8 @@ class Engine:
         recent = [(t0, n) for t0, t1, n in list(self._recent) if now - t1 <= THROUGHPUT_WINDOW_S]
         s["generated_tokens"] = self._generated_tokens
         s["finished_requests"] = self._finished_requests
+        for reason in FinishReason:
+            s[f"finished_{reason.value}"] = self._finished_by_reason[reason]
         # Over the steps of the last few seconds, from the first one's start to now.
         span = now - recent[0][0] if recent else 0.0
         s["tokens_per_second"] = sum(n for _, n in recent) / span if span > 0 else 0.0
@@ -297,19 +305,29 @@ class Engine:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         return self._call(lambda: self.cache.render(decode=decode, max_nodes=max_nodes))
 
-    def shutdown(self) -> None:
-        """Stop the engine thread; requests still in flight finish with ``abort``."""
+    def shutdown(self, free_cache: bool = False) -> None:
+        """Stop the engine thread; requests still in flight finish with ``abort``.
+
+        ``free_cache`` then drops the cached prefixes too and checks that every block is free
+        (a server's last act: nothing may stay held)."""
         with self._lock:
-            if self._closed:
-                return
+            closing = not self._closed
             self._closed = True
         self._wake.set()
         if self._thread is threading.current_thread():
             return  # called from a callback: the loop ends after this step
-        if self._thread is not None:
+        if closing and self._thread is not None:
             self._thread.join()
-        else:
+        elif closing:
             self._abort_all()
+        if free_cache:
+            self.cache.flush()
+            self.scheduler.check_integrity()
+            if self.pool.num_free != self.pool.num_blocks:
+                raise RuntimeError(
+                    f"{self.pool.num_blocks - self.pool.num_free} KV blocks still held after "
+                    "shutdown and a cache flush"
+                )
 
     def __enter__(self) -> Engine:
         return self
@@ -576,11 +594,12 @@ class Engine:
         self._reqs.pop(req.rid, None)
         with self._lock:
             handle = self._handles.pop(req.rid, None)
+        reason = req.finish_reason or FinishReason.ABORT
         self._finished_requests += 1
+        self._finished_by_reason[reason] += 1
         if handle is None:
             return
         now = time.perf_counter()
-        reason = req.finish_reason or FinishReason.ABORT
         # Every stream ends with a finished event: add one where the last token's was not.
         tail = detok.flush() if detok and reason in (FinishReason.ABORT, FinishReason.ERROR) else ""
         if tail or not handle.saw_finish:
@@ -648,7 +667,8 @@ class Engine:
                         future.set_exception(e)
 
     def _call(self, fn: Callable[[], T]) -> T:
-        if self._thread is None or threading.current_thread() is self._thread:
+        thread = self._thread
+        if thread is None or threading.current_thread() is thread or not thread.is_alive():
             self._drain_inbox()
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()

@@ -1,0 +1,221 @@
+"""What every HTTP route shares: JSON errors that name the field, strict body parsing, engine
+submission that fails as a whole, server-sent events, and waiting on requests while watching
+for the client to go away (a client that leaves aborts its requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from radixlang.runtime.engine import EngineClosedError, RequestError
+from radixlang.runtime.handle import RequestHandle
+from radixlang.runtime.request import GenerateRequest, GenerationResult, StreamEvent
+from radixlang.runtime.sampling import SamplingParams
+
+M = TypeVar("M", bound=BaseModel)
+MAX_BODY_BYTES = 64 * 2**20
+SSE_DONE = "data: [DONE]\n\n"
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|dict|list|.*\[.*\]|function-.*)$")
+_SAMPLING_FIELDS = {f for f in SamplingParams.__dataclass_fields__}
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape,
+    which SGLang's clients also read)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The request's JSON body as ``model``; a 4xx ``APIError`` naming what is wrong."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise APIError(
+            415,
+            f"Content-Type must be application/json, got {ctype or 'none'}",
+            kind="invalid_request_error",
+        )
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise APIError(413, f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(error: ValidationError) -> APIError:
+    """The first problem pydantic found, as a 400 naming the field by its path."""
+    first = error.errors()[0]
+    # pydantic names the union member tried ("text.str", "prompt.list[int]"): drop those.
+    parts = [str(p) for p in first["loc"] if not (isinstance(p, str) and _TYPE_TAG.match(p))]
+    path = ".".join(parts) or None
+    if first["type"] == "missing":
+        message = f"{path} is required"
+    elif first["type"] == "extra_forbidden":
+        message = f"unknown field {path}"
+    else:
+        message = f"{path}: {first['msg']}"
+        if "input" in first and not isinstance(first["input"], dict | list):
+            message += f" (got {first['input']!r})"
+    return APIError(400, message, param=path)
+
+
+def sampling_field(message: str) -> str | None:
+    """The sampling field an engine error message starts with (they all name it first)."""
+    m = re.match(r"[a-z_]+", message)
+    return m.group(0) if m and m.group(0) in _SAMPLING_FIELDS else None
+
+
+def rejected(error: RequestError, where: str | None, prompt_field: str) -> APIError:
+    """A request the engine refused, as a 400 naming the field (and the batch item): a
+    sampling field, or else the prompt (too long, empty, ids out of range)."""
+    message = str(error)
+    param = sampling_field(message) or where or prompt_field
+    return APIError(400, f"{where}: {message}" if where else message, param=param)
+
+
+async def submit_all(
+    engine: Any,
+    requests: Sequence[GenerateRequest],
+    where: Sequence[str | None],
+    prompt_field: str = "prompt",
+) -> list[RequestHandle]:
+    """Submit every request, or none: one refused request aborts those already queued."""
+
+    def submit() -> list[RequestHandle]:
+        handles: list[RequestHandle] = []
+        try:
+            for request, place in zip(requests, where, strict=True):
+                try:
+                    handles.append(engine.submit(request))
+                except RequestError as e:
+                    raise rejected(e, place, prompt_field) from None
+        except BaseException:
+            for h in handles:
+                h.abort()
+            raise
+        return handles
+
+    try:
+        # Tokenizing and compiling a regex can take a while: keep the event loop free.
+        return await run_in_threadpool(submit)
+    except EngineClosedError as e:
+        raise APIError(503, f"the engine is shut down: {e}", kind="server_error") from None
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return when the client has gone (the body is already read, so only that can arrive)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def results_unless_disconnected(
+    request: Request, handles: Sequence[RequestHandle]
+) -> list[GenerationResult] | None:
+    """Every request's result; None (and the requests aborted) if the client leaves first."""
+    results = asyncio.ensure_future(
+        asyncio.gather(*(h.wait(raise_on_error=False) for h in handles))
+    )
+    gone = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not results.done():
+            results.cancel()
+            for h in handles:
+                h.abort()
+    return results.result() if results.done() and not results.cancelled() else None
+
+
+async def merged_events(
+    handles: Sequence[RequestHandle],
+) -> AsyncIterator[tuple[int, StreamEvent | GenerationResult]]:
+    """Every handle's events as they come, tagged with the handle's index; each handle's last
+    item is its result. Leaving early (a client gone) aborts every request still running."""
+    queue: asyncio.Queue[tuple[int, StreamEvent | GenerationResult]] = asyncio.Queue()
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        async for event in handle.stream():
+            queue.put_nowait((i, event))
+        queue.put_nowait((i, await handle.wait(raise_on_error=False)))
+
+    tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        finished = 0
+        while finished < len(handles):
+            item = await queue.get()
+            yield item
+            finished += isinstance(item[1], GenerationResult)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for h in handles:
+            h.abort()  # a no-op for finished requests
+
+
+def sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def engine_failure(result: GenerationResult) -> APIError:
+    return APIError(500, f"generation failed: {result.error}", kind="server_error")
+
+
+class TokenTexts:
+    """Each token id's own text (for logprobs), decoded once per id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.text = lru_cache(maxsize=65536)(self._decode)
+
+    def _decode(self, token_id: int) -> str:
+        if self._tokenizer is None:
+            return ""
+        with contextlib.suppress(Exception):
+            return self._tokenizer.decode([token_id])
+        return ""

@@ -1,0 +1,439 @@
+"""The OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET
+/v1/models``, so that the official ``openai`` client (and any OpenAI-compatible tool) works
+against this server.
+
+Unknown fields are refused, as OpenAI refuses them. Beyond OpenAI's fields, the sampling
+extras vLLM users know are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
+``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, ``regex``, and
+``continue_final_message`` for chats.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from radixlang.runtime.http_common import (
+    SSE_DONE,
+    APIError,
+    TokenTexts,
+    engine_failure,
+    merged_events,
+    read_body,
+    results_unless_disconnected,
+    sse,
+    submit_all,
+)
+from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+MAX_TOP_LOGPROBS = 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM-style extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    regex: str | None = None
+
+    def sampling(self, max_tokens: int | None, default_max: int) -> dict[str, Any]:
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        if max_tokens is not None and max_tokens < 0:
+            raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
+        sampling: dict[str, Any] = {
+            "max_new_tokens": default_max if max_tokens is None else max_tokens,
+            "min_new_tokens": self.min_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "seed": self.seed,
+            "regex": self.regex,
+        }
+        if sampling["min_new_tokens"] > sampling["max_new_tokens"]:
+            raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
+        return {k: v for k, v in sampling.items() if v is not None}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: str
+    text: str | None = None
+    image_url: Any = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    continue_final_message: bool = False
+
+
+_Body.model_rebuild()
+CompletionBody.model_rebuild()
+ChatBody.model_rebuild()
+
+
+class OpenAIRoutes:
+    """The OpenAI routes over one engine, serving it as ``model_name``."""
+
+    def __init__(self, engine: Any, model_name: str, texts: TokenTexts) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.texts = texts
+        self.created = int(time.time())
+
+    def check_model(self, model: str) -> None:
+        if model not in (self.model_name, "default"):
+            raise APIError(
+                404,
+                f"model {model!r} not found; this server serves {self.model_name!r}",
+                param="model",
+                kind="model_not_found",
+            )
+
+    async def models(self, request: Request) -> JSONResponse:
+        card = {"id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "radixlang", "max_model_len": self.engine.max_context}  # fmt: skip
+        return JSONResponse({"object": "list", "data": [card]})
+
+    # ---- /v1/completions ---------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        body = await read_body(request, CompletionBody)
+        self.check_model(body.model)
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if body.best_of not in (None, body.n):
+            raise APIError(400, "best_of must equal n (or be left out)", param="best_of")
+        prompts = _completion_prompts(body.prompt)
+        sampling = body.sampling(body.max_tokens, 16)
+        if body.logprobs is not None:
+            sampling.update(return_logprob=True, top_logprobs_num=body.logprobs)
+            if body.echo:
+                sampling["logprob_start_len"] = 0
+        requests, where = [], []
+        for i, prompt in enumerate(prompts):
+            for j in range(body.n):
+                requests.append(_request(prompt, sampling, j))
+                where.append(f"prompt[{i}]" if len(prompts) > 1 else None)
+        handles = await submit_all(self.engine, requests, where)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        echo = [self._prompt_text(p) if body.echo else "" for p in prompts for _ in range(body.n)]
+        if body.stream:
+            stream = self._stream_completion(handles, body, rid, created, echo)
+            return StreamingResponse(stream, media_type="text/event-stream")
+        results = await _results(request, handles)
+        if results is None:
+            return Response(status_code=499)
+        choices = []
+        for i, result in enumerate(results):
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = self._completion_logprobs(result, body, echo[i])
+            choices.append({"index": i, "text": echo[i] + result.text, "logprobs": logprobs,
+                            "finish_reason": _FINISH.get(result.finish_reason)})  # fmt: skip
+        return JSONResponse({"id": rid, "object": "text_completion", "created": created,
+                             "model": self.model_name, "choices": choices,
+                             "usage": _usage(results, body.n)})  # fmt: skip
+
+    def _prompt_text(self, prompt: str | list[int]) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return self.engine.tokenizer.decode(prompt) if self.engine.tokenizer else ""
+
+    def _completion_logprobs(
+        self, result: GenerationResult, body: CompletionBody, echo: str
+    ) -> dict[str, Any]:
+        pairs: list[tuple[int, float | None]] = list(result.prompt_logprobs) if echo else []
+        tops = list(result.prompt_top_logprobs) if echo else []
+        pairs += list(zip(result.output_ids, result.output_logprobs, strict=False))
+        tops += result.output_top_logprobs
+        return self._logprob_lists(pairs, tops, body.logprobs or 0, 0)
+
+    def _logprob_lists(
+        self, pairs: Sequence[tuple[int, float | None]], tops: Sequence[Any], k: int, offset: int
+    ) -> dict[str, Any]:
+        text = self.texts.text
+        tokens, offsets = [], []
+        for tok, _ in pairs:
+            offsets.append(offset)
+            tokens.append(text(tok))
+            offset += len(tokens[-1])
+        top_dicts = [
+            None if top is None else {text(t): lp for t, lp in top[:k]} for top in tops
+        ] if k else None  # fmt: skip
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp in pairs],
+                "top_logprobs": top_dicts, "text_offset": offsets}  # fmt: skip
+
+    async def _stream_completion(
+        self, handles: Sequence[Any], body: CompletionBody, rid: str, created: int, echo: list[str]
+    ) -> AsyncIterator[str]:
+        head = {"id": rid, "object": "text_completion", "created": created,
+                "model": self.model_name}  # fmt: skip
+        results: list[GenerationResult | None] = [None] * len(handles)
+        offsets = [len(e) for e in echo]
+        for i, prefix in enumerate(echo):
+            if prefix:
+                yield sse({**head, "choices": [_text_choice(i, prefix, None, None)]})
+        async for i, event in merged_events(handles):
+            if isinstance(event, GenerationResult):
+                if event.finish_reason is FinishReason.ERROR:
+                    yield sse(engine_failure(event).body())
+                    continue
+                results[i] = event
+                finish = _FINISH.get(event.finish_reason)
+                yield sse({**head, "choices": [_text_choice(i, "", None, finish)]})
+                continue
+            if not event.text and not event.token_ids:
+                continue
+            logprobs = None
+            if body.logprobs is not None:
+                pairs = list(zip(event.token_ids, event.logprobs, strict=False))
+                logprobs = self._logprob_lists(pairs, event.top_logprobs, body.logprobs, offsets[i])
+            offsets[i] += len(event.text)
+            yield sse({**head, "choices": [_text_choice(i, event.text, logprobs, None)]})
+        if body.stream_options and body.stream_options.include_usage:
+            yield sse({**head, "choices": [], "usage": _usage(results, body.n)})
+        yield SSE_DONE
+
+    # ---- /v1/chat/completions ----------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        body = await read_body(request, ChatBody)
+        self.check_model(body.model)
+        if body.tools and body.tool_choice != "none":
+            raise APIError(400, "tools are not supported by this server yet", param="tools")
+        fmt = (body.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise APIError(
+                400,
+                f"response_format {fmt!r} is not supported yet; use the regex extra",
+                param="response_format",
+            )
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        limit = body.max_completion_tokens
+        if limit is None:
+            limit = body.max_tokens
+        sampling = body.sampling(limit, max(self.engine.max_context - 1, 1))
+        if body.logprobs:
+            sampling.update(return_logprob=True, top_logprobs_num=body.top_logprobs or 0)
+        ids = await run_in_threadpool(self._chat_prompt, body)
+        if limit is None:  # what is left of the context window
+            sampling["max_new_tokens"] = max(self.engine.max_context - len(ids), 1)
+        requests = [_request(ids, sampling, j) for j in range(body.n)]
+        handles = await submit_all(self.engine, requests, [None] * body.n, "messages")
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            stream = self._stream_chat(handles, body, rid, created)
+            return StreamingResponse(stream, media_type="text/event-stream")
+        results = await _results(request, handles)
+        if results is None:
+            return Response(status_code=499)
+        choices = []
+        for i, result in enumerate(results):
+            logprobs = None
+            if body.logprobs:
+                pairs = zip(result.output_ids, result.output_logprobs, strict=False)
+                logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
+            choices.append({"index": i, "message": {"role": "assistant", "content": result.text},
+                            "logprobs": logprobs,
+                            "finish_reason": _FINISH.get(result.finish_reason)})  # fmt: skip
+        return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
+                             "model": self.model_name, "choices": choices,
+                             "usage": _usage(results, body.n)})  # fmt: skip
+
+    def _chat_prompt(self, body: ChatBody) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise APIError(400, f"model {self.model_name} has no chat template", param="messages")
+        messages = [_plain_message(m, i) for i, m in enumerate(body.messages)]
+        final = body.continue_final_message
+        if final and messages[-1]["role"] != "assistant":
+            raise APIError(
+                400,
+                "continue_final_message needs an assistant message last",
+                param="continue_final_message",
+            )
+        try:
+            text = tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=not final,
+                continue_final_message=final,
+            )
+        except Exception as e:  # the template refused the conversation (e.g. role order)
+            raise APIError(400, f"messages: the chat template refused them: {e}",
+                           param="messages") from None  # fmt: skip
+        # The template writes any BOS itself: encode without adding special tokens again.
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def _chat_logprobs(self, pairs: Any, tops: Sequence[Any]) -> list[dict[str, Any]]:
+        text = self.texts.text
+        out = []
+        for (tok, lp), top in zip(pairs, tops, strict=False):
+            t = text(tok)
+            alternatives = [
+                {"token": text(a), "logprob": alp, "bytes": list(text(a).encode())}
+                for a, alp in (top or [])
+            ]
+            out.append({"token": t, "logprob": lp, "bytes": list(t.encode()),
+                        "top_logprobs": alternatives})  # fmt: skip
+        return out
+
+    async def _stream_chat(
+        self, handles: Sequence[Any], body: ChatBody, rid: str, created: int
+    ) -> AsyncIterator[str]:
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                "model": self.model_name}  # fmt: skip
+        for i in range(len(handles)):
+            delta = {"role": "assistant", "content": ""}
+            yield sse({**head, "choices": [_delta_choice(i, delta, None, None)]})
+        results: list[GenerationResult | None] = [None] * len(handles)
+        async for i, event in merged_events(handles):
+            if isinstance(event, GenerationResult):
+                if event.finish_reason is FinishReason.ERROR:
+                    yield sse(engine_failure(event).body())
+                    continue
+                results[i] = event
+                finish = _FINISH.get(event.finish_reason)
+                yield sse({**head, "choices": [_delta_choice(i, {}, None, finish)]})
+                continue
+            if not event.text and not event.token_ids:
+                continue
+            logprobs = None
+            if body.logprobs:
+                pairs = zip(event.token_ids, event.logprobs, strict=False)
+                logprobs = {"content": self._chat_logprobs(pairs, event.top_logprobs)}
+            delta = {"content": event.text}
+            yield sse({**head, "choices": [_delta_choice(i, delta, logprobs, None)]})
+        if body.stream_options and body.stream_options.include_usage:
+            yield sse({**head, "choices": [], "usage": _usage(results, body.n)})
+        yield SSE_DONE
+
+
+def _completion_prompts(prompt: Any) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def _request(prompt: str | list[int], sampling: dict[str, Any], j: int) -> GenerateRequest:
+    sampling = dict(sampling)
+    if j and sampling.get("seed") is not None:
+        sampling["seed"] += j  # n samples, not n copies of one
+    if isinstance(prompt, str):
+        return GenerateRequest(text=prompt, sampling=sampling)
+    return GenerateRequest(input_ids=prompt, sampling=sampling)
+
+
+def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
+    content = m.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type != "text" or part.text is None:
+                raise APIError(400, f"messages[{i}].content: only text parts are supported, "
+                               f"got {part.type!r}", param=f"messages[{i}].content")  # fmt: skip
+            texts.append(part.text)
+        content = "".join(texts)
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                           "content": content or ""}  # fmt: skip
+    for key in ("name", "tool_calls", "tool_call_id"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    return out
+
+
+async def _results(request: Request, handles: Sequence[Any]) -> list[GenerationResult] | None:
+    results = await results_unless_disconnected(request, handles)
+    for result in results or []:
+        if result.finish_reason is FinishReason.ERROR:
+            raise engine_failure(result)
+    return results
+
+
+def _usage(results: Sequence[GenerationResult | None], n: int) -> dict[str, Any]:
+    # A prompt sampled n times is counted once, as OpenAI counts it.
+    firsts = [r for r in results[::n] if r is not None]
+    prompt = sum(r.prompt_tokens for r in firsts)
+    completion = sum(r.completion_tokens for r in results if r is not None)
+    cached = sum(r.cached_tokens for r in firsts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+def _text_choice(i: int, text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
+    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _delta_choice(i: int, delta: dict, logprobs: Any, finish: str | None) -> dict[str, Any]:
+    return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

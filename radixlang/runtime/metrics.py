@@ -1,0 +1,89 @@
+"""``GET /metrics`` in Prometheus' text format: the engine's figures read at scrape time, and the
+server's own HTTP counters.
+
+Written out directly rather than through ``prometheus_client``: every engine figure is read fresh
+from ``Engine.stats()`` at each scrape (no registry to keep in step), and that library's
+process-wide default registry would mix the figures of several engines in one process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+PREFIX = "radixlang_"
+
+# (stats key, metric name, type, help)
+_ENGINE_METRICS = [
+    ("running_requests", "requests_running", "gauge", "Requests in the running batch."),
+    ("waiting_requests", "requests_waiting", "gauge", "Requests queued for admission."),
+    ("finished_requests", "requests_finished_total", "counter", "Requests finished."),
+    ("generated_tokens", "generated_tokens_total", "counter", "Tokens generated."),
+    ("prompt_tokens", "prompt_tokens_total", "counter", "Prompt tokens admitted."),
+    ("prompt_tokens_reused", "prompt_tokens_cached_total", "counter",
+     "Prompt tokens reused from the radix cache."),
+    ("prompt_tokens_computed", "prompt_tokens_computed_total", "counter",
+     "Prompt tokens computed."),
+    ("cache_hit_rate", "cache_hit_rate", "gauge", "Prompt tokens reused / prompt tokens."),
+    ("cached_tokens", "cached_tokens", "gauge", "Tokens held in the radix cache."),
+    ("blocks_total", "kv_blocks_total", "gauge", "KV blocks in the pool."),
+    ("blocks_free", "kv_blocks_free", "gauge", "KV blocks free."),
+    ("blocks_used", "kv_blocks_used", "gauge", "KV blocks in use (cached or held)."),
+    ("blocks_evictable", "kv_blocks_evictable", "gauge",
+     "KV blocks held only by the cache, evictable."),
+    ("retractions", "retractions_total", "counter", "Requests retracted under memory pressure."),
+    ("evicted_blocks", "evicted_blocks_total", "counter", "KV blocks evicted from the cache."),
+    ("steps", "engine_steps_total", "counter", "Engine steps run."),
+    ("tokens_per_second", "generation_tokens_per_second", "gauge",
+     "Tokens generated per second over the last seconds."),
+]  # fmt: skip
+_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass
+class HTTPCounters:
+    """The server's own counts (touched only on the event loop)."""
+
+    requests: Counter[tuple[str, int]] = field(default_factory=Counter)
+    in_flight: int = 0
+
+
+def _line(name: str, value: float, labels: str = "") -> str:
+    return f"{PREFIX}{name}{labels} {value}"
+
+
+def _head(name: str, kind: str, help_text: str) -> list[str]:
+    return [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"]
+
+
+def render(stats: dict[str, float | int], http: HTTPCounters) -> str:
+    out: list[str] = []
+    for key, name, kind, help_text in _ENGINE_METRICS:
+        out += _head(name, kind, help_text)
+        out.append(_line(name, stats[key]))
+    # Blocks that neither the free list nor the cache alone holds: running requests' (or a leak,
+    # when the engine is idle).
+    held = int(stats["blocks_used"]) - int(stats["blocks_evictable"])
+    out += _head("kv_blocks_held", "gauge", "KV blocks held by requests (used - evictable).")
+    out.append(_line("kv_blocks_held", held))
+    out += _head("requests_finished_by_reason_total", "counter", "Requests finished, by reason.")
+    for reason in _REASONS:
+        count = stats.get(f"finished_{reason}", 0)
+        out.append(_line("requests_finished_by_reason_total", count, f'{{reason="{reason}"}}'))
+    out += _head("http_requests_total", "counter", "HTTP requests answered, by route and status.")
+    for (route, code), count in sorted(http.requests.items()):
+        out.append(_line("http_requests_total", count, f'{{route="{route}",code="{code}"}}'))
+    out += _head("http_requests_in_flight", "gauge", "HTTP requests being answered.")
+    out.append(_line("http_requests_in_flight", http.in_flight))
+    return "\n".join(out) + "\n"
+
+
+def parse(text: str) -> dict[str, float]:
+    """Samples of a Prometheus text page by their full name (with labels): for tests and
+    clients that want one figure."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples

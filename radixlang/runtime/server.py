@@ -1,0 +1,311 @@
+"""The HTTP server over one :class:`~radixlang.runtime.engine.Engine` (FastAPI on uvicorn).
+
+Routes:
+
+- SGLang's native API: ``POST /generate`` (see ``http_native``), ``GET /get_model_info``,
+  ``GET /get_server_info`` (and ``/server_info``), ``POST /flush_cache``,
+  ``POST /abort_request``, ``POST /concate_and_append_request``;
+- the OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
+  (see ``http_openai``);
+- operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text).
+
+Every refused request gets a 4xx JSON error naming the field; the engine checks what it is
+given at submission, so no request can leave it in a bad state. A client that disconnects
+aborts its requests. On shutdown uvicorn first lets requests in flight finish (up to
+``drain_timeout``), then the engine aborts the rest and every KV block is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+import radixlang
+from radixlang.runtime import http_native, metrics
+from radixlang.runtime.engine import Engine
+from radixlang.runtime.http_common import APIError, TokenTexts, read_body, submit_all
+from radixlang.runtime.http_openai import OpenAIRoutes
+from radixlang.runtime.request import FinishReason, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+# Routes counted by name in /metrics; any other path is counted as "other".
+_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+           "/health_generate", "/get_model_info", "/get_server_info", "/server_info",
+           "/flush_cache", "/metrics", "/abort_request", "/concate_and_append_request")  # fmt: skip
+
+
+class AbortBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rid: str
+
+
+class ConcatBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    src_rids: list[str]
+    dst_rid: str
+
+
+class _CountRequests:
+    """Counts answers by route and status for /metrics (plain ASGI, so streams and client
+    disconnects pass through untouched)."""
+
+    def __init__(self, app: Any, counters: metrics.HTTPCounters) -> None:
+        self.app = app
+        self.counters = counters
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_counted(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        route = scope["path"] if scope["path"] in _ROUTES else "other"
+        self.counters.in_flight += 1
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.counters.in_flight -= 1
+            self.counters.requests[(route, status)] += 1
+
+
+def create_app(
+    engine: Engine, served_model_name: str | None = None, owns_engine: bool = False
+) -> FastAPI:
+    """The server's ASGI app. With ``owns_engine`` the app's shutdown stops the engine and
+    frees every KV block."""
+    model_name = served_model_name or engine.files.name
+    texts = TokenTexts(engine.tokenizer)
+    openai = OpenAIRoutes(engine, model_name, texts)
+    counters = metrics.HTTPCounters()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        yield
+        if owns_engine:
+            await run_in_threadpool(engine.shutdown, True)
+            log.info("engine stopped; every KV block is free")
+
+    app = FastAPI(title="radixlang", version=radixlang.__version__, lifespan=lifespan)
+    app.state.engine = engine
+    app.state.counters = counters
+    app.add_middleware(_CountRequests, counters=counters)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return APIError(e.status_code, str(e.detail), kind="invalid_request_error").response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return APIError(400, str(e.errors()[0].get("msg", e))).response()
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        log.exception("request to %s failed", request.url.path)
+        message = f"internal error: {type(e).__name__}: {e}"
+        return APIError(500, message, kind="server_error").response()
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await http_native.generate(request, engine, texts)
+
+    app.add_api_route("/v1/completions", openai.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", openai.chat, methods=["POST"])
+    app.add_api_route("/v1/models", openai.models, methods=["GET"])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not engine.is_running:
+            raise APIError(503, "the engine is not running", kind="server_error")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health_generate")
+    async def health_generate() -> JSONResponse:
+        """One real token through the whole engine."""
+        probe = GenerateRequest(input_ids=[0], sampling={"max_new_tokens": 1, "temperature": 0})
+        (handle,) = await submit_all(engine, [probe], [None])
+        result = await handle.wait(raise_on_error=False)
+        if result.finish_reason is FinishReason.ERROR:
+            raise APIError(503, f"the engine failed a probe: {result.error}", kind="server_error")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/get_model_info")
+    async def model_info() -> JSONResponse:
+        tok = engine.tokenizer
+        return JSONResponse(
+            {
+                "model_path": str(engine.files.path),
+                "tokenizer_path": str(engine.files.path),
+                "served_model_name": model_name,
+                "is_generation": True,
+                "max_context_length": engine.max_context,
+                "vocab_size": engine.runner.vocab_size,
+                "chat_template": getattr(tok, "chat_template", None) if tok else None,
+                "bos_token": getattr(tok, "bos_token", None) if tok else None,
+                "eos_token": getattr(tok, "eos_token", None) if tok else None,
+            }
+        )
+
+    async def server_info() -> JSONResponse:
+        stats = await run_in_threadpool(engine.stats)
+        sched = engine.scheduler
+        return JSONResponse(
+            {
+                "version": radixlang.__version__,
+                "model_path": str(engine.files.path),
+                "served_model_name": model_name,
+                "dtype": str(engine.runner.dtype).removeprefix("torch."),
+                "device": str(engine.runner.device),
+                "block_size": engine.pool.block_size,
+                "num_blocks": engine.pool.num_blocks,
+                "max_context_length": engine.max_context,
+                "max_batch_tokens": sched.max_batch_tokens,
+                "max_running_requests": sched.max_running_requests,
+                "schedule_policy": sched.policy.value,
+                "stats": stats,
+            }
+        )
+
+    app.add_api_route("/get_server_info", server_info, methods=["GET"])
+    app.add_api_route("/server_info", server_info, methods=["GET"])
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> JSONResponse:
+        if not await run_in_threadpool(engine.flush_cache):
+            raise APIError(409, "requests are in flight: the cache was not flushed",
+                           kind="conflict")  # fmt: skip
+        return JSONResponse({"success": True, "message": "cache flushed"})
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        stats = await run_in_threadpool(engine.stats)
+        return PlainTextResponse(metrics.render(stats, counters), media_type="text/plain")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> JSONResponse:
+        body = await read_body(request, AbortBody)
+        engine.abort(body.rid)
+        return JSONResponse({"success": True})
+
+    @app.post("/concate_and_append_request")
+    async def concate_and_append(request: Request) -> JSONResponse:
+        # SGLang joins forked branches' KV into the parent here, approximately (positions are
+        # not re-encoded). Its client then sends the joined text with the next request, which
+        # the radix cache serves exactly: reused where cached, computed where not.
+        await read_body(request, ConcatBody)
+        return JSONResponse({"success": True})
+
+    return app
+
+
+def _config(app: Any, host: str, port: int, drain_timeout: float, log_level: str) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=drain_timeout,
+    )
+
+
+def serve(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    served_model_name: str | None = None,
+    drain_timeout: float = 30.0,
+    log_level: str = "info",
+) -> None:
+    """Serve until interrupted (Ctrl-C, SIGTERM); then drain, stop the engine, free blocks."""
+    import uvicorn
+
+    app = create_app(engine, served_model_name, owns_engine=True)
+    uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
+
+
+class ServerThread:
+    """A server on a thread of this process (tests, notebooks): ``url``, ``stop()``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        served_model_name: str | None = None,
+        owns_engine: bool = False,
+        drain_timeout: float = 5.0,
+        log_level: str = "warning",
+    ) -> None:
+        import uvicorn
+
+        self.app = create_app(engine, served_model_name, owns_engine)
+        self.engine = engine
+        # Bind first, so port 0 becomes a real free port before anyone needs the URL.
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self._server = uvicorn.Server(_config(self.app, host, port, drain_timeout, log_level))
+        self._failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="radixlang-http", daemon=True)
+        self._thread.start()
+        while not self._server.started and self._thread.is_alive():
+            self._thread.join(0.01)
+        if not self._server.started:
+            raise RuntimeError(f"the server did not start: {self._failure or 'see the log'}")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._socket]))
+        except BaseException as e:
+            self._failure.append(e)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join()
+        with contextlib.suppress(OSError):
+            self._socket.close()
+
+    def __enter__(self) -> ServerThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serve_in_thread(engine: Engine, **kwargs: Any) -> Iterator[ServerThread]:
+    """``with serve_in_thread(engine) as server: httpx.get(server.url + "/health")``."""
+    server = ServerThread(engine, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,38 @@
+"""Checks the server tests share: /metrics figures, waiting for idle, no leaked block."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from radixlang.runtime.metrics import parse
+
+
+def metrics(client: httpx.Client) -> dict[str, float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return parse(response.text)
+
+
+def wait_idle(client: httpx.Client, timeout: float = 10.0) -> dict[str, float]:
+    """/metrics once no request is running or waiting (aborts land a step later)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(client)
+        idle = m["radixlang_requests_running"] == 0 and m["radixlang_requests_waiting"] == 0
+        if idle or time.monotonic() > deadline:
+            return m
+        time.sleep(0.02)
+
+
+def assert_no_leak(client: httpx.Client) -> None:
+    """Idle, every used block is the cache's (evictable): none is held by a request."""
+    m = wait_idle(client)
+    assert m["radixlang_requests_running"] == 0 and m["radixlang_requests_waiting"] == 0
+    assert m["radixlang_kv_blocks_held"] == 0, m
+    assert m["radixlang_kv_blocks_used"] == m["radixlang_kv_blocks_evictable"]
+    assert (
+        m["radixlang_kv_blocks_free"] + m["radixlang_kv_blocks_used"]
+        == (m["radixlang_kv_blocks_total"])
+    )

@@ -1,0 +1,209 @@
+"""SGLang's native API (/generate and friends) on a real server, driven with httpx."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import httpx
+import pytest
+from server_checks import assert_no_leak, metrics, wait_idle
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0}
+
+
+def generate(client: httpx.Client, **body) -> dict | list:
+    response = client.post("/generate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def stream_chunks(client: httpx.Client, **body) -> list[dict]:
+    chunks = []
+    with client.stream("POST", "/generate", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        assert line.startswith("data: ")
+        chunks.append(json.loads(line[len("data: ") :]))
+    return chunks
+
+
+def test_generate_matches_the_engine(client, engine):
+    out = generate(client, text="The capital of France is", sampling_params=GREEDY)
+    alone = engine.generate("The capital of France is", GREEDY)
+    assert out["text"] == alone.text
+    assert out["output_ids"] == alone.output_ids
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == len(alone.prompt_ids)
+    assert meta["completion_tokens"] == 12
+    assert meta["finish_reason"] == {"type": "length", "length": 12}
+    assert meta["cached_tokens"] == 0
+    assert alone.cached_tokens == meta["prompt_tokens"] - 1  # the server's request cached it
+
+
+def test_batch_input_ids_and_per_item_sampling(client, engine):
+    prompts = ["one two three", "four five"]
+    ids = [engine.tokenizer.encode(p) for p in prompts]
+    params = [{"max_new_tokens": 3, "temperature": 0}, {"max_new_tokens": 5, "temperature": 0}]
+    by_text = generate(client, text=prompts, sampling_params=params)
+    by_ids = generate(client, input_ids=ids, sampling_params=params)
+    assert isinstance(by_text, list) and len(by_text) == 2
+    assert [o["meta_info"]["completion_tokens"] for o in by_text] == [3, 5]
+    assert [o["text"] for o in by_text] == [o["text"] for o in by_ids]
+
+
+def test_prefill_only_request_caches_the_prompt(client):
+    text = "A prompt cached ahead of its branches: " + "alpha beta " * 20
+    out = generate(client, text=text, sampling_params={"max_new_tokens": 0})
+    assert out["text"] == "" and out["meta_info"]["completion_tokens"] == 0
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    again = generate(client, text=text + "gamma", sampling_params={"max_new_tokens": 1})
+    assert again["meta_info"]["cached_tokens"] >= out["meta_info"]["prompt_tokens"] - 1
+
+
+def test_logprobs_shape_and_start(client, engine):
+    text = "Scores of every token from the third on"
+    n = len(engine.tokenizer.encode(text))
+    out = generate(
+        client,
+        text=text,
+        sampling_params={"max_new_tokens": 2, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=2,
+        top_logprobs_num=3,
+        return_text_in_logprobs=True,
+    )
+    meta = out["meta_info"]
+    assert len(meta["input_token_logprobs"]) == n - 2
+    assert len(meta["output_token_logprobs"]) == 2
+    for lp, tok, piece in meta["input_token_logprobs"] + meta["output_token_logprobs"]:
+        assert lp <= 0 and isinstance(tok, int) and piece == engine.tokenizer.decode([tok])
+    assert all(len(top) == 3 for top in meta["output_top_logprobs"])
+    # Greedy: the chosen token is the best of the top list.
+    pairs = zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True)
+    for (lp, tok, _), top in pairs:
+        assert top[0][1] == tok and top[0][0] == pytest.approx(lp)
+    whole = generate(
+        client,
+        text=text,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    first = whole["meta_info"]["input_token_logprobs"]
+    assert first[0][0] is None and first[0][2] is None  # no text without return_text_in_logprobs
+    assert [x[0] for x in first[2:]] == pytest.approx([x[0] for x in meta["input_token_logprobs"]])
+
+
+def test_stop_string_and_no_stop_trim(client):
+    base = generate(client, text="Count: 1 2 3", sampling_params=GREEDY)["text"]
+    stop = base[3:6]
+    assert stop.strip(), "the greedy text is long enough to hold a stop string"
+    params = {**GREEDY, "stop": [stop]}
+    out = generate(client, text="Count: 1 2 3", sampling_params=params)
+    assert out["text"] == base[: base.index(stop)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    kept = generate(client, text="Count: 1 2 3", sampling_params={**params, "no_stop_trim": True})
+    assert kept["text"] == base[: base.index(stop)] + stop
+
+
+def test_regex_and_n_samples(client):
+    out = generate(client, text="Year:", sampling_params={"max_new_tokens": 8, "regex": "[0-9]{4}"})
+    assert len(out["text"]) == 4 and out["text"].isdigit()
+    many = generate(client, text="Pick:", sampling_params={"max_new_tokens": 6, "n": 3, "seed": 7})
+    assert isinstance(many, list) and len(many) == 3
+    assert len({m["text"] for m in many}) > 1  # seeds 7, 8, 9: three samples, not three copies
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"text": "Stream me some text", "sampling_params": GREEDY},
+        {"text": "Stream with stops", "sampling_params": {**GREEDY, "stop": ["e"]}},
+        {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 7, "temperature": 0}},
+    ],
+)
+def test_stream_equals_non_stream(client, body):
+    whole = generate(client, **body)
+    chunks = stream_chunks(client, **body)
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))  # cumulative
+    assert texts[-1] == whole["text"]
+    assert chunks[-1]["output_ids"] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
+    assert chunks[-1]["meta_info"]["prompt_tokens"] == whole["meta_info"]["prompt_tokens"]
+
+
+def test_batch_stream_tags_items_with_their_index(client):
+    body = {"text": ["first prompt", "second prompt here"], "sampling_params": GREEDY}
+    whole = generate(client, **body)
+    finals: dict[int, dict] = {}
+    for chunk in stream_chunks(client, **body):
+        finals[chunk["index"]] = chunk
+    assert [finals[i]["text"] for i in range(2)] == [w["text"] for w in whole]
+
+
+def test_sglang_select_request_shape(client, engine):
+    """The request SGLang's RuntimeEndpoint.select sends: every choice scored in one batch."""
+    prompt = "Is the sky blue? Answer:"
+    n = generate(client, text=prompt, sampling_params={"max_new_tokens": 0})["meta_info"][
+        "prompt_tokens"
+    ]
+    out = generate(
+        client,
+        text=[prompt + c for c in (" yes", " no")],
+        sampling_params={"max_new_tokens": 0, "temperature": 0},
+        return_logprob=True,
+        return_text_in_logprobs=True,
+        logprob_start_len=max(n - 2, 0),
+    )
+    for item in out:
+        logprobs = item["meta_info"]["input_token_logprobs"]
+        assert logprobs and all(lp is not None for lp, _, _ in logprobs)
+        assert item["meta_info"]["output_token_logprobs"] == []
+
+
+def test_client_disconnect_aborts_a_stream(client, server):
+    before = metrics(client)['radixlang_requests_finished_by_reason_total{reason="abort"}']
+    body = {"text": "Go on and on", "stream": True,
+            "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}  # fmt: skip
+    with httpx.Client(base_url=server.url) as c, c.stream("POST", "/generate", json=body) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+    m = wait_idle(client)
+    assert m['radixlang_requests_finished_by_reason_total{reason="abort"}'] == before + 1
+    assert_no_leak(client)
+
+
+def test_client_disconnect_aborts_a_plain_request(client, server):
+    before = metrics(client)['radixlang_requests_finished_by_reason_total{reason="abort"}']
+    body = {"text": "Go on and on", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    with httpx.Client(base_url=server.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/generate", json=body)
+    m = wait_idle(client)
+    assert m['radixlang_requests_finished_by_reason_total{reason="abort"}'] == before + 1
+    assert_no_leak(client)
+
+
+def test_admin_routes(client, engine):
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/health_generate").status_code == 200
+    info = client.get("/get_model_info").json()
+    assert info["is_generation"] and info["model_path"] == str(engine.files.path)
+    assert info["chat_template"] == engine.tokenizer.chat_template
+    assert info["max_context_length"] == engine.max_context
+    server_info = client.get("/get_server_info").json()
+    assert server_info["num_blocks"] == engine.pool.num_blocks
+    assert client.get("/server_info").json()["block_size"] == engine.pool.block_size
+    assert client.post("/concate_and_append_request",
+                       json={"src_rids": ["a"], "dst_rid": "b"}).status_code == 200  # fmt: skip
+    assert client.post("/abort_request", json={"rid": "no-such-request"}).status_code == 200
+    wait_idle(client)
+    assert client.post("/flush_cache").json()["success"] is True
+    m = metrics(client)
+    assert m["radixlang_kv_blocks_used"] == 0 and m["radixlang_cached_tokens"] == 0
+    assert m['radixlang_http_requests_total{route="/flush_cache",code="200"}'] >= 1
+    engine.check_integrity()
