@@ -86,8 +86,10 @@ async def read_body(request: Request, model: type[M]) -> M:
 
 
 def validation_error(error: ValidationError) -> APIError:
-    """The first problem pydantic found, as a 400 naming the field by its path."""
-    first = error.errors()[0]
+    """A problem pydantic found, as a 400 naming the field by its path."""
+    errors = error.errors()
+    # Of a union's alternatives, the one that got furthest into the value says most.
+    first = max(errors, key=lambda e: len(e["loc"]))
     # pydantic names the union member tried ("text.str", "prompt.list[int]"): drop those.
     parts = [str(p) for p in first["loc"] if not (isinstance(p, str) and _TYPE_TAG.match(p))]
     path = ".".join(parts) or None

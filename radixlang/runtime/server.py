@@ -247,7 +247,9 @@ def serve(
     import uvicorn
 
     app = create_app(engine, served_model_name, owns_engine=True)
-    uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
+    # uvicorn re-raises the interrupt once it has shut down cleanly: that is the normal end.
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
 
 
 class ServerThread:

@@ -1,0 +1,72 @@
+"""``radixlang serve`` as a process: it starts, serves, and on SIGINT drains the request in
+flight, stops the engine and frees every KV block before it exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
+           "--port", str(port), "--dtype", "float32", "--kv-memory", "32MiB",
+           "--served-model-name", "tiny-chat", "--drain-timeout", "20"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        models = httpx.get(url + "/v1/models").json()
+        assert models["data"][0]["id"] == "tiny-chat"
+
+        # A stream in flight when the signal comes: it is drained, not cut.
+        body = {"text": "Keep going", "stream": True,
+                "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}  # fmt: skip
+        chunks: list[dict] = []
+        started = threading.Event()
+
+        def read_stream() -> None:
+            with httpx.stream("POST", url + "/generate", json=body, timeout=60) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
+                        started.set()
+
+        reader = threading.Thread(target=read_stream)
+        reader.start()
+        assert started.wait(30)
+        proc.send_signal(signal.SIGINT)
+        reader.join(60)
+        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "serving tiny-chat on" in out
+    assert "every KV block is free" in err

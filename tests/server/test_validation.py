@@ -1,0 +1,103 @@
+"""Malformed requests: each gets the right 4xx with a JSON error naming the field, and the
+server then still answers correctly with no KV block leaked."""
+
+from __future__ import annotations
+
+import pytest
+from server_checks import assert_no_leak
+
+OK_CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+LONG = "word " * 1200  # past the tiny model's 1024-token context window
+
+# (route, body or raw bytes, content type, status, the field the error must name or None)
+CASES = [
+    # /generate (SGLang)
+    ("/generate", {"sampling_params": {"max_new_tokens": 4}}, None, 400, "text"),
+    ("/generate", {"text": "a", "input_ids": [1]}, None, 400, "text"),
+    ("/generate", {"text": 5}, None, 400, "text"),
+    ("/generate", {"text": ["a", 3]}, None, 400, "text.1"),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": -1}}, None, 400,
+     "max_new_tokens"),
+    ("/generate", {"text": "a", "sampling_params": {"temperature": -0.1}}, None, 400,
+     "temperature"),
+    ("/generate", {"text": "a", "sampling_params": {"temperature": "hot"}}, None, 400,
+     "temperature"),
+    ("/generate", {"text": "a", "sampling_params": {"top_p": 0}}, None, 400, "top_p"),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2.5}}, None, 400,
+     "max_new_tokens"),
+    ("/generate", {"text": "a", "sampling_params": {"regex": "(unclosed"}}, None, 400, "regex"),
+    ("/generate", {"text": "a", "sampling_params": {"json_schema": "{}"}}, None, 400,
+     "sampling_params.json_schema"),
+    ("/generate", {"text": "a", "sampling_params": {"nucleus": 0.9}}, None, 400, None),
+    ("/generate", {"text": "a", "sampling_params": {"stop": [""]}}, None, 400, "stop"),
+    ("/generate", {"text": LONG}, None, 400, "text"),
+    ("/generate", {"input_ids": [1, 10**9]}, None, 400, "input_ids"),
+    ("/generate", {"input_ids": []}, None, 400, "input_ids"),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{}]}, None, 400, "sampling_params"),
+    ("/generate", {"text": "a", "stream": "yes"}, None, 400, "stream"),
+    ("/generate", {"text": "a", "image_data": "x.png"}, None, 400, "image_data"),
+    ("/generate", {"text": "a", "bogus": 1}, None, 400, "bogus"),
+    ("/generate", b"{not json", "application/json", 400, None),
+    ("/generate", b"[1, 2]", "application/json", 400, None),
+    ("/generate", b'{"text": "a"}', "text/plain", 415, None),
+    ("/generate", b'{"text": "a"}', None, 415, None),
+    # OpenAI
+    ("/v1/completions", {"prompt": "x"}, None, 400, "model"),
+    ("/v1/completions", {"model": "default"}, None, 400, "prompt"),
+    ("/v1/completions", {"model": "nope", "prompt": "x"}, None, 404, "model"),
+    ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": -5}, None, 400,
+     "max_tokens"),
+    ("/v1/completions", {"model": "default", "prompt": "x", "n": 0}, None, 400, "n"),
+    ("/v1/completions", {"model": "default", "prompt": "x", "logprobs": 50}, None, 400,
+     "logprobs"),
+    ("/v1/completions", {"model": "default", "prompt": "x", "suffix": "y"}, None, 400, "suffix"),
+    ("/v1/completions", {"model": "default", "prompt": LONG}, None, 400, "prompt"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": "hi"}, None, 400, "messages"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "wizard", "content": "x"}]},
+     None, 400, "messages.0.role"),
+    ("/v1/chat/completions", {**OK_CHAT, "temperature": -1}, None, 400, "temperature"),
+    ("/v1/chat/completions", {**OK_CHAT, "top_p": 1.5}, None, 400, "top_p"),
+    ("/v1/chat/completions", {**OK_CHAT, "max_tokens": "ten"}, None, 400, "max_tokens"),
+    ("/v1/chat/completions", {**OK_CHAT, "response_format": {"type": "json_object"}}, None, 400,
+     "response_format"),
+    ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, None, 400, "tools"),
+    ("/v1/chat/completions", {**OK_CHAT, "logit_bias": {"5": 10}}, None, 400, "logit_bias"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": LONG}]},
+     None, 400, "messages"),
+    ("/v1/chat/completions", {**OK_CHAT, "regex": "[a-"}, None, 400, "regex"),
+    ("/v1/chat/completions", b'{"model": "default", "messages": [', "application/json", 400,
+     None),
+    # Other routes
+    ("/abort_request", {}, None, 400, "rid"),
+    ("/no_such_route", {}, None, 404, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("route", "body", "ctype", "status", "param"), CASES)
+def test_malformed_request_gets_a_4xx_naming_the_field(client, route, body, ctype, status, param):
+    if isinstance(body, bytes):
+        headers = {"content-type": ctype} if ctype else {}
+        response = client.post(route, content=body, headers=headers)
+    else:
+        response = client.post(route, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+        assert param.split(".")[-1] in error["message"] or param in ("text", "input_ids", "prompt",
+                                                                    "messages")  # fmt: skip
+
+
+def test_the_server_still_serves_and_leaks_nothing(client, engine):
+    for route, body, ctype, _, _ in CASES:  # all of them again, back to back
+        if isinstance(body, bytes):
+            client.post(route, content=body, headers={"content-type": ctype} if ctype else {})
+        else:
+            client.post(route, json=body)
+    greedy = {"max_new_tokens": 6, "temperature": 0}
+    out = client.post("/generate", json={"text": "Still here?", "sampling_params": greedy})
+    assert out.status_code == 200
+    assert out.json()["text"] == engine.generate("Still here?", greedy).text
+    assert_no_leak(client)
+    engine.check_integrity()
