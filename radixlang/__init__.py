@@ -34,19 +34,22 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # The local runtime imports torch and the engine: only when a program asks for it.
-    if name == "Runtime":
-        from radixlang.backends.local import Runtime
+    # Backends load on first use: the local runtime imports torch and the engine, the HTTP
+    # backends httpx; ``import radixlang`` itself stays light.
+    if name in ("Runtime", "RuntimeEndpoint", "OpenAI"):
+        import radixlang.backends
 
-        return Runtime
+        return getattr(radixlang.backends, name)
     raise AttributeError(f"module 'radixlang' has no attribute {name!r}")
 
 
 __all__ = [
     "Function",
+    "OpenAI",
     "ProgramState",
     "ProgramStateGroup",
     "Runtime",
+    "RuntimeEndpoint",
     "__version__",
     "assistant",
     "assistant_begin",

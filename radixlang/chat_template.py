@@ -83,6 +83,44 @@ def from_tokenizer(tokenizer: Any, name: str = "model") -> ChatTemplate:
     return PLAIN
 
 
+class _JinjaTemplate:
+    """A jinja chat template rendered the way a tokenizer renders it, for ``from_tokenizer``."""
+
+    def __init__(self, template: str, bos_token: str | None, eos_token: str | None) -> None:
+        self.chat_template = template
+        # A tokenizer passes only the special tokens it has: an absent one renders as "".
+        self.special_tokens = {
+            k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None
+        }
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, _ = render_jinja_template(
+            conversations=[messages],
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            **self.special_tokens,
+        )
+        return rendered[0]
+
+
+def from_jinja(
+    template: str,
+    name: str = "model",
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+) -> ChatTemplate:
+    """A jinja chat template's role boundaries (as :func:`from_tokenizer` reads a tokenizer's),
+    for a backend that has the template's text but no tokenizer, e.g. from a server."""
+    return from_tokenizer(_JinjaTemplate(template, bos_token, eos_token), name)
+
+
 def _msg(role: str, content: str = _SENTINEL) -> dict[str, str]:
     return {"role": role, "content": content}
 

@@ -9,7 +9,8 @@ log-probabilities to a method, which returns the decision and its ``meta_info``:
 - ``unconditional_likelihood_normalized``: the highest mean of (log-probability given the prompt
   minus log-probability with no prompt), which discounts choices that are likely anyway.
 
-Token log-probabilities are ``(logprob, token_id, token_text)`` triples.
+Token log-probabilities are ``(logprob, token_id, token_text)`` triples (the id is None where
+the service names tokens only by text, as OpenAI's completions do).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-TokenLogprob = tuple[float, int, str | None]
+TokenLogprob = tuple[float, int | None, str | None]
 
 
 @dataclass

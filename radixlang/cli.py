@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from radixlang.models import (
@@ -136,6 +137,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
+        api_key=args.api_key or os.environ.get("RADIXLANG_API_KEY"),
     )
     return 0
 
@@ -203,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to let requests in flight finish on shutdown before aborting them",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXLANG_API_KEY)"
+    )
     p.set_defaults(func=_cmd_serve)
     return parser
 

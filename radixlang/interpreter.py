@@ -384,26 +384,48 @@ class StateExecutor:
 
     def _gen(self, expr: Gen) -> None:
         sampling = self._sampling(expr)
-        prompt = self.text
+        prompt: Any = self.text
+        generate, generate_stream = self.backend.generate, self.backend.generate_stream
+        if self.backend.is_chat_model:
+            self._check_chat_gen(expr)
+            prompt = list(self.messages)  # the turns before the open assistant turn
+            generate, generate_stream = (
+                self.backend.generate_chat,
+                self.backend.generate_chat_stream,
+            )
         if expr.n > 1:
             with ThreadPoolExecutor(expr.n) as pool:
-                gen = self.backend.generate
-                calls = [pool.submit(gen, prompt, sampling) for _ in range(expr.n)]
+                calls = [pool.submit(generate, prompt, sampling) for _ in range(expr.n)]
                 outs = [call.result() for call in calls]
             self.text += outs[0][0]
             self._set_var(expr.name, [t for t, _ in outs], [m for _, m in outs])
         elif self.stream:
             self.variables[expr.name] = ""
             meta: dict[str, Any] = {}
-            for piece, meta in self.backend.generate_stream(prompt, sampling):  # noqa: B007
+            for piece, meta in generate_stream(prompt, sampling):  # noqa: B007
                 self.text += piece
                 self.variables[expr.name] += piece
                 self._changed()
             self._set_var(expr.name, self.variables[expr.name], meta)
         else:
-            text, meta = self.backend.generate(prompt, sampling)
+            text, meta = generate(prompt, sampling)
             self.text += text
             self._set_var(expr.name, text, meta)
+
+    def _check_chat_gen(self, expr: Gen) -> None:
+        """A chat service writes a whole assistant message from the messages before it: a gen
+        anywhere else would need text the service never sees."""
+        if self.cur_role == "assistant" and not self.text[self.cur_role_begin :]:
+            return
+        if self.cur_role != "assistant":
+            where = f"inside a {self.cur_role!r} turn" if self.cur_role else "outside any role"
+        else:
+            where = f"after {self.text[self.cur_role_begin :][:40]!r} in the assistant turn"
+        raise ProgramError(
+            f"gen({expr.name!r}) is {where}, but {type(self.backend).__name__} is a chat-model "
+            "backend: chat services generate whole assistant messages, so a gen must come first "
+            "in an assistant turn, e.g. s += assistant(gen('answer'))"
+        )
 
     def _select(self, expr: Select) -> None:
         decision = self.backend.select(self.text, expr.choices, expr.temperature, expr.method)

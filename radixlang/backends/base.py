@@ -3,6 +3,10 @@
 The interpreter hands a backend prompt text and sampling parameters (the engine's names: see
 :class:`radixlang.runtime.sampling.SamplingParams`) and gets text and SGLang-style ``meta_info``
 back. Nothing below this line knows about programs; nothing above it knows about KV blocks.
+
+A chat-model backend (``is_chat_model``: a chat-completions service) sees messages, not prompt
+text: the interpreter calls ``generate_chat`` with the conversation so far, and only where an
+assistant turn has just begun, since such a service writes whole assistant messages.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod
 
 
 class Backend(ABC):
+    is_chat_model: bool = False
+
     def get_chat_template(self) -> ChatTemplate:
         return PLAIN
 
@@ -28,6 +34,18 @@ class Backend(ABC):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Complete ``prompt`` piece by piece: (new text, meta_info so far) per piece."""
         yield self.generate(prompt, sampling)
+
+    def generate_chat(
+        self, messages: list[dict[str, Any]], sampling: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """The next assistant message after ``messages``: (its text, its meta_info)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a chat-model backend")
+
+    def generate_chat_stream(
+        self, messages: list[dict[str, Any]], sampling: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``generate_chat`` piece by piece, as ``generate_stream``."""
+        yield self.generate_chat(messages, sampling)
 
     @abstractmethod
     def select(

@@ -7,7 +7,8 @@ Routes:
   ``POST /abort_request``, ``POST /concate_and_append_request``;
 - the OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
   (see ``http_openai``);
-- operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text).
+- operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text),
+  ``POST /tokenize``, ``POST /detokenize``.
 
 Every refused request gets a 4xx JSON error naming the field; the engine checks what it is
 given at submission, so no request can leave it in a bad state. A client that disconnects
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import socket
 import threading
@@ -46,7 +48,19 @@ log = logging.getLogger(__name__)
 # Routes counted by name in /metrics; any other path is counted as "other".
 _ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
            "/health_generate", "/get_model_info", "/get_server_info", "/server_info",
-           "/flush_cache", "/metrics", "/abort_request", "/concate_and_append_request")  # fmt: skip
+           "/flush_cache", "/metrics", "/abort_request", "/concate_and_append_request",
+           "/tokenize", "/detokenize")  # fmt: skip
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tokens: list[int]
 
 
 class AbortBody(BaseModel):
@@ -58,6 +72,27 @@ class ConcatBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     src_rids: list[str]
     dst_rid: str
+
+
+class _RequireKey:
+    """With ``--api-key``: every route but /health and /metrics needs ``Authorization: Bearer
+    <key>`` (what SGLang's and OpenAI's clients send)."""
+
+    OPEN = ("/health", "/metrics")
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
+                                 kind="authentication_error")  # fmt: skip
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _CountRequests:
@@ -90,10 +125,13 @@ class _CountRequests:
 
 
 def create_app(
-    engine: Engine, served_model_name: str | None = None, owns_engine: bool = False
+    engine: Engine,
+    served_model_name: str | None = None,
+    owns_engine: bool = False,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The server's ASGI app. With ``owns_engine`` the app's shutdown stops the engine and
-    frees every KV block."""
+    frees every KV block; with ``api_key`` requests must carry it."""
     model_name = served_model_name or engine.files.name
     texts = TokenTexts(engine.tokenizer)
     openai = OpenAIRoutes(engine, model_name, texts)
@@ -109,7 +147,9 @@ def create_app(
     app = FastAPI(title="radixlang", version=radixlang.__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.counters = counters
-    app.add_middleware(_CountRequests, counters=counters)
+    if api_key:
+        app.add_middleware(_RequireKey, api_key=api_key)
+    app.add_middleware(_CountRequests, counters=counters)  # outermost: counts refusals too
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -205,6 +245,27 @@ def create_app(
         stats = await run_in_threadpool(engine.stats)
         return PlainTextResponse(metrics.render(stats, counters), media_type="text/plain")
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await read_body(request, TokenizeBody)
+        if engine.tokenizer is None:
+            raise APIError(400, f"model {model_name} has no tokenizer", param="text")
+        ids = engine.tokenizer.encode(body.text, add_special_tokens=body.add_special_tokens)
+        return JSONResponse(
+            {"tokens": list(ids), "count": len(ids), "max_model_len": engine.max_context}
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await read_body(request, DetokenizeBody)
+        vocab = engine.runner.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens holds ids outside [0, {vocab}): {bad[:5]}",
+                           param="tokens")  # fmt: skip
+        text = engine.tokenizer.decode(body.tokens) if engine.tokenizer else ""
+        return JSONResponse({"text": text})
+
     @app.post("/abort_request")
     async def abort_request(request: Request) -> JSONResponse:
         body = await read_body(request, AbortBody)
@@ -242,11 +303,12 @@ def serve(
     served_model_name: str | None = None,
     drain_timeout: float = 30.0,
     log_level: str = "info",
+    api_key: str | None = None,
 ) -> None:
     """Serve until interrupted (Ctrl-C, SIGTERM); then drain, stop the engine, free blocks."""
     import uvicorn
 
-    app = create_app(engine, served_model_name, owns_engine=True)
+    app = create_app(engine, served_model_name, owns_engine=True, api_key=api_key)
     # uvicorn re-raises the interrupt once it has shut down cleanly: that is the normal end.
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
@@ -264,10 +326,11 @@ class ServerThread:
         owns_engine: bool = False,
         drain_timeout: float = 5.0,
         log_level: str = "warning",
+        api_key: str | None = None,
     ) -> None:
         import uvicorn
 
-        self.app = create_app(engine, served_model_name, owns_engine)
+        self.app = create_app(engine, served_model_name, owns_engine, api_key)
         self.engine = engine
         # Bind first, so port 0 becomes a real free port before anyone needs the URL.
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jinja2
 
-from radixlang.chat_template import PLAIN, from_tokenizer
+from radixlang.chat_template import PLAIN, from_jinja, from_tokenizer
 
 
 class JinjaTokenizer:
@@ -75,3 +75,21 @@ def test_no_template_is_plain():
     assert PLAIN.render([{"role": "user", "content": "hi"}], add_generation_prompt=True) == (
         "User: hi\nAssistant:"
     )
+
+
+def test_from_jinja_reads_the_default_models_template_as_its_tokenizer_does(chat_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_model_dir)
+    from_text = from_jinja(tok.chat_template, "tiny", tok.bos_token, tok.eos_token)
+    assert from_text == from_tokenizer(tok, "tiny")
+    assert from_text.default_system_prompt.startswith("You are a helpful AI assistant")
+
+
+def test_from_jinja_matches_from_tokenizer_on_templates_of_other_shapes():
+    for template, bos in ((LLAMA3, "<|begin_of_text|>"), (NO_SYSTEM, "<s>")):
+        expected = from_tokenizer(JinjaTokenizer(template, bos), "m")
+        assert from_jinja(template, "m", bos_token=bos) == expected
+        assert expected != PLAIN
+    # Without a BOS the template renders none, as a tokenizer without one does.
+    assert from_jinja(LLAMA3, "m") == from_tokenizer(JinjaTokenizer(LLAMA3, ""), "m")

@@ -207,3 +207,30 @@ def test_admin_routes(client, engine):
     assert m["radixlang_kv_blocks_used"] == 0 and m["radixlang_cached_tokens"] == 0
     assert m['radixlang_http_requests_total{route="/flush_cache",code="200"}'] >= 1
     engine.check_integrity()
+
+
+def test_tokenize_and_detokenize(client, engine):
+    out = client.post("/tokenize", json={"text": "Hello world", "add_special_tokens": False})
+    tokens = engine.tokenizer.encode("Hello world", add_special_tokens=False)
+    assert out.json()["tokens"] == tokens and out.json()["count"] == len(tokens)
+    back = client.post("/detokenize", json={"tokens": tokens}).json()
+    assert back == {"text": "Hello world"}
+    bad = client.post("/detokenize", json={"tokens": [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_api_key_guards_every_route_but_health_and_metrics(engine):
+    from radixlang.runtime.server import serve_in_thread
+
+    with serve_in_thread(engine, api_key="sesame") as srv, httpx.Client(base_url=srv.url) as c:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+        refused = c.post("/generate", json=body)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        wrong = c.post("/generate", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert c.get("/v1/models").status_code == 401
+        key = {"Authorization": "Bearer sesame"}
+        assert c.post("/generate", json=body, headers=key).status_code == 200
+        assert c.get("/v1/models", headers=key).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200

@@ -1,0 +1,245 @@
+"""A backend on a radixlang or SGLang server, over SGLang's native HTTP API.
+
+``RuntimeEndpoint("http://host:port")`` sends every generation call as a ``/generate`` request
+over the program's whole text; the server's radix cache makes the shared part free, as the
+local engine's does. The chat template comes from the server's ``/get_model_info`` (radixlang
+sends the tokenizer's jinja template; an SGLang server does not, so it falls back to ``PLAIN``
+unless ``chat_template=`` is given).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+
+from radixlang.backends.base import Backend
+from radixlang.backends.http_client import (
+    DEFAULT_TIMEOUT,
+    HTTPBackendError,
+    check_response,
+    connection_error,
+    iter_sse,
+    make_client,
+)
+from radixlang.chat_template import PLAIN, ChatTemplate, from_jinja
+from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob
+
+_SERVER = "the server"
+# Fields of a /generate request that SGLang takes beside sampling_params, not inside it.
+_TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+# select scores the prompt's last few tokens too: where a choice's tokenization departs from
+# the prompt's is found among them (a boundary merge reaches back a token or two).
+_BOUNDARY_WINDOW = 4
+
+
+class EndpointError(HTTPBackendError):
+    """A radixlang/SGLang server refused a request, or could not be reached."""
+
+
+class RuntimeEndpoint(Backend):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        chat_template: ChatTemplate | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.client = make_client(self.base_url, api_key, timeout, transport)
+        try:
+            self.model_info = self.get_model_info()
+        except BaseException:
+            self.client.close()
+            raise
+        self.chat_template = chat_template or _template_from(self.model_info)
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template
+
+    # ---- HTTP --------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        try:
+            response = self.client.request(method, path, json=body)
+        except httpx.TransportError as e:
+            raise connection_error(e, EndpointError, _SERVER, self.base_url) from None
+        check_response(response, EndpointError, _SERVER)
+        return response
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._request("POST", path, body).json()
+
+    def get_model_info(self) -> dict[str, Any]:
+        return self._request("GET", "/get_model_info").json()
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._request("GET", "/get_server_info").json()
+
+    # ---- generation --------------------------------------------------------------------------
+    def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        out = self._post("/generate", _generate_body(prompt, sampling))
+        return out["text"], _meta_info(out)
+
+    def generate_stream(
+        self, prompt: str, sampling: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        body = _generate_body(prompt, sampling)
+        body["stream"] = True
+        sent = ""
+        last: dict[str, Any] = {}
+        try:
+            # Leaving this block early (the consumer stopped) closes the connection, which
+            # makes the server abort the request.
+            with self.client.stream("POST", "/generate", json=body) as response:
+                if not response.is_success:
+                    response.read()
+                    check_response(response, EndpointError, _SERVER)
+                for event in iter_sse(response, EndpointError, _SERVER):
+                    text = event.get("text", "")
+                    if not text.startswith(sent):
+                        raise EndpointError(
+                            f"{_SERVER} streamed text that does not extend the text before it "
+                            "(expected SGLang's cumulative stream)"
+                        )
+                    if len(text) > len(sent):
+                        yield text[len(sent) :], {}
+                        sent = text
+                    last = event
+        except httpx.TransportError as e:
+            raise connection_error(e, EndpointError, _SERVER, self.base_url) from None
+        yield "", _meta_info(last)
+
+    def cache_prefix(self, prompt: str, wait: bool = False) -> None:
+        # Always synchronous: a fork's branches are sent after this returns, so all of them
+        # find the shared prefix already cached.
+        self._post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+
+    def flush_cache(self) -> bool:
+        try:
+            response = self.client.post("/flush_cache")
+        except httpx.TransportError as e:
+            raise connection_error(e, EndpointError, _SERVER, self.base_url) from None
+        return response.status_code == 200
+
+    # ---- select ------------------------------------------------------------------------------
+    def select(
+        self,
+        prompt: str,
+        choices: Sequence[str],
+        temperature: float,
+        method: ChoicesSamplingMethod,
+    ) -> ChoicesDecision:
+        """Score every choice in one batched request over the cached prompt, as
+        :meth:`LocalBackend.select <radixlang.backends.local.LocalBackend.select>` does: from
+        the first position where any choice's tokenization of ``prompt + choice`` departs from
+        the prompt's own, the same position for all. Without a tokenizer here, the server's
+        token ids for the prompt's last few positions show where that is."""
+        choices = list(choices)
+        if not choices:
+            raise ValueError("select needs at least one choice")
+        cached = self._post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+        first = max(cached["meta_info"]["prompt_tokens"] - _BOUNDARY_WINDOW, 0)
+        rows = self._score([prompt] + [prompt + c for c in choices], first)
+        departs = [_common_prefix_len(_ids(rows[0]), _ids(row)) for row in rows[1:]]
+        if first > 0 and min(departs) == 0:
+            # A choice departs at the window's first position or before it: look at it all.
+            first = 0
+            rows = self._score([prompt] + [prompt + c for c in choices], first)
+            departs = [_common_prefix_len(_ids(rows[0]), _ids(row)) for row in rows[1:]]
+        lengths = [first + len(row) for row in rows[1:]]
+        start = first + min(departs)
+        start = max(1, min(start, min(lengths) - 1))
+        scored = [_filled(row[start - first :]) for row in rows[1:]]
+        unconditional = None
+        if method.requires_unconditional_logprobs:
+            unconditional = [_filled(row) for row in self._score(choices, 0)]
+        normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
+        decision = method(
+            choices=choices,
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=scored,
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=unconditional,
+        )
+        if temperature > 0:  # sample a choice by its normalised score instead of the best
+            weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
+            decision.decision = random.choices(choices, weights)[0]
+        decision.meta_info["scored_from_position"] = start
+        return decision
+
+    def _score(
+        self, texts: list[str], logprob_start_len: int
+    ) -> list[list[tuple[float | None, int, str | None]]]:
+        """Each text's prompt log-probabilities from ``logprob_start_len`` on, in one request."""
+        outs = self._post(
+            "/generate",
+            {
+                "text": texts,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "return_text_in_logprobs": True,
+                "logprob_start_len": logprob_start_len,
+            },
+        )
+        if not isinstance(outs, list) or len(outs) != len(texts):
+            raise EndpointError(f"{_SERVER} answered a batch of {len(texts)} with {outs!r:.200}")
+        return [[tuple(e) for e in out["meta_info"]["input_token_logprobs"]] for out in outs]
+
+    def shutdown(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> RuntimeEndpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _template_from(info: dict[str, Any]) -> ChatTemplate:
+    template = info.get("chat_template")
+    if not template:  # an SGLang server does not say
+        return PLAIN
+    name = info.get("served_model_name") or info.get("model_path") or "model"
+    return from_jinja(template, name, info.get("bos_token"), info.get("eos_token"))
+
+
+def _generate_body(text: str, sampling: dict[str, Any]) -> dict[str, Any]:
+    params = dict(sampling)
+    body: dict[str, Any] = {"text": text}
+    for key in _TOP_LEVEL:
+        if key in params:
+            body[key] = params.pop(key)
+    body["sampling_params"] = params
+    return body
+
+
+def _meta_info(out: dict[str, Any]) -> dict[str, Any]:
+    meta = dict(out.get("meta_info") or {})
+    if "output_ids" in out:
+        meta["output_ids"] = out["output_ids"]
+    for key in ("input_token_logprobs", "output_token_logprobs"):
+        if meta.get(key) is not None:  # JSON lists back to the triples LocalBackend gives
+            meta[key] = [tuple(e) for e in meta[key]]
+    return meta
+
+
+def _ids(row: list[tuple[float | None, int, str | None]]) -> list[int]:
+    return [tok for _, tok, _ in row]
+
+
+def _filled(row: list[tuple[float | None, int, str | None]]) -> list[TokenLogprob]:
+    # A text's first token has no log-probability: count it as 0, as LocalBackend does.
+    return [(lp if lp is not None else 0.0, tok, text) for lp, tok, text in row]
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,123 @@
+"""What the HTTP backends share: one pooled ``httpx.Client``, error mapping, and SSE parsing.
+
+Programs call a backend from many worker threads at once (a fork's branches, a batch's
+programs); one ``httpx.Client`` is thread-safe and keeps a pool of connections for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+DEFAULT_TIMEOUT = 600.0  # seconds: a long generation on a busy server is not a failure
+
+
+class HTTPBackendError(RuntimeError):
+    """The server refused a request (``status_code`` set) or could not be reached (None)."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int | None = None,
+        error_type: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.error_type = error_type
+        self.url = url
+
+
+def make_client(
+    base_url: str,
+    api_key: str | None,
+    timeout: float | None,
+    transport: httpx.BaseTransport | None,
+) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.Client(
+        base_url=base_url,
+        headers=headers,
+        timeout=httpx.Timeout(timeout),
+        # As many idle connections as a wide fork keeps busy, so branches reuse them.
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        transport=transport,
+    )
+
+
+def error_message(body: Any, fallback: str) -> tuple[str, str | None]:
+    """(message, type) from an error body: OpenAI/radixlang's ``{"error": {...}}``, vLLM and
+    older SGLang's ``{"message": ...}``, or the raw text."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"]), err.get("type")
+        if isinstance(err, str) and err:
+            return err, None
+        if body.get("message"):
+            return str(body["message"]), body.get("type")
+        if body.get("detail"):  # FastAPI's own errors
+            return str(body["detail"]), None
+    return fallback, None
+
+
+def check_response(
+    response: httpx.Response, error_cls: type[HTTPBackendError], server: str
+) -> None:
+    """Raise ``error_cls`` for a non-2xx response (the body must be read already)."""
+    if response.is_success:
+        return
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    fallback = response.text.strip() or response.reason_phrase
+    message, error_type = error_message(body, fallback)
+    raise error_cls(
+        f"{server} returned {response.status_code} for {response.request.method} "
+        f"{response.request.url.path}: {message}",
+        status_code=response.status_code,
+        error_type=error_type,
+        url=str(response.request.url),
+    )
+
+
+def connection_error(
+    error: httpx.TransportError, error_cls: type[HTTPBackendError], server: str, url: str
+) -> HTTPBackendError:
+    if isinstance(error, httpx.TimeoutException):
+        what = f"timed out talking to {server} at {url}"
+    else:
+        what = f"cannot reach {server} at {url}"
+    return error_cls(f"{what}: {type(error).__name__}: {error}", url=url)
+
+
+def iter_sse(
+    response: httpx.Response, error_cls: type[HTTPBackendError], server: str
+) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a server-sent event stream's ``data:`` lines, up to ``[DONE]``. An
+    event that carries an error (a failure after the stream began) raises it."""
+    for line in response.iter_lines():
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, event: lines
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise error_cls(f"{server} sent a malformed stream event: {data[:200]!r}") from None
+        if isinstance(event, dict) and "error" in event:
+            message, error_type = error_message(event, str(event["error"]))
+            status = event["error"].get("code") if isinstance(event["error"], dict) else None
+            raise error_cls(
+                f"{server} failed mid-stream: {message}",
+                status_code=status if isinstance(status, int) else None,
+                error_type=error_type,
+                url=str(response.request.url),
+            )
+        yield event

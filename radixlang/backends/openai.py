@@ -1,0 +1,326 @@
+"""A backend on an OpenAI-compatible service (OpenAI, vLLM, SGLang, radixlang's ``/v1``).
+
+``OpenAI(model)`` talks to ``/chat/completions`` (``is_chat_model=True``, the default): the
+service sees the program's messages, not its text, and writes whole assistant messages, so a
+``gen`` must open an assistant turn and ``select`` is not available (chat APIs give no
+log-probabilities for given text). ``is_chat_model=False`` uses ``/completions`` over the
+program's text, where ``select`` scores choices with ``echo`` and prompt log-probabilities.
+
+Sampling parameters arrive in the engine's names and leave in OpenAI's; the ones OpenAI lacks
+(``top_k``, ``min_p``, ``regex``, ...) are sent, as vLLM and SGLang take them, only when a
+program sets them, so a plain program stays a valid request for any service.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+
+from radixlang.backends.base import Backend
+from radixlang.backends.http_client import (
+    DEFAULT_TIMEOUT,
+    HTTPBackendError,
+    check_response,
+    connection_error,
+    iter_sse,
+    make_client,
+)
+from radixlang.chat_template import PLAIN, ChatTemplate
+from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob
+
+_SERVICE = "the OpenAI-compatible service"
+# Engine name -> (request name, default): sent only when a program sets another value.
+_EXTRAS: dict[str, tuple[str, Any]] = {
+    "top_k": ("top_k", -1),
+    "min_p": ("min_p", 0.0),
+    "repetition_penalty": ("repetition_penalty", 1.0),
+    "regex": ("regex", None),
+    "ignore_eos": ("ignore_eos", False),
+    "min_new_tokens": ("min_tokens", 0),
+    "stop_token_ids": ("stop_token_ids", []),
+    "skip_special_tokens": ("skip_special_tokens", True),
+}
+# The program's text is not what a chat service sees: roles only mark message boundaries, and
+# no end-of-turn text is a stop string.
+CHAT_MESSAGES = ChatTemplate(name="chat-messages", prefix=PLAIN.prefix, suffix=PLAIN.suffix)
+
+
+class OpenAIError(HTTPBackendError):
+    """An OpenAI-compatible service refused a request, or could not be reached."""
+
+
+class OpenAI(Backend):
+    def __init__(
+        self,
+        model: str,
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | None = None,
+        is_chat_model: bool = True,
+        chat_template: ChatTemplate | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        if api_key is None:
+            api_key = os.environ.get("OPENAI_API_KEY")
+        self.client = make_client(self.base_url, api_key, timeout, transport)
+        self.is_chat_model = is_chat_model
+        self.chat_template = chat_template or (CHAT_MESSAGES if is_chat_model else PLAIN)
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = self.client.post(path, json=body)
+        except httpx.TransportError as e:
+            raise connection_error(e, OpenAIError, _SERVICE, self.base_url) from None
+        check_response(response, OpenAIError, _SERVICE)
+        return response.json()
+
+    def _stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        try:
+            # Leaving this block early (the consumer stopped) closes the connection, which
+            # makes the service stop generating.
+            with self.client.stream("POST", path, json=body) as response:
+                if not response.is_success:
+                    response.read()
+                    check_response(response, OpenAIError, _SERVICE)
+                yield from iter_sse(response, OpenAIError, _SERVICE)
+        except httpx.TransportError as e:
+            raise connection_error(e, OpenAIError, _SERVICE, self.base_url) from None
+
+    # ---- completions -------------------------------------------------------------------------
+    def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._need_completions("gen over the program's text")
+        body = {"model": self.model, "prompt": prompt, **_params(sampling, chat=False)}
+        out = self._post("/completions", body)
+        choice = out["choices"][0]
+        return choice.get("text") or "", _meta_info(out, choice, chat=False)
+
+    def generate_stream(
+        self, prompt: str, sampling: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        self._need_completions("gen over the program's text")
+        body = {"model": self.model, "prompt": prompt, **_params(sampling, chat=False)}
+        yield from _pieces(self._stream("/completions", _streaming(body)), chat=False)
+
+    # ---- chat completions --------------------------------------------------------------------
+    def generate_chat(
+        self, messages: list[dict[str, Any]], sampling: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        body = {"model": self.model, "messages": messages, **_params(sampling, chat=True)}
+        out = self._post("/chat/completions", body)
+        choice = out["choices"][0]
+        content = (choice.get("message") or {}).get("content")
+        return content or "", _meta_info(out, choice, chat=True)
+
+    def generate_chat_stream(
+        self, messages: list[dict[str, Any]], sampling: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        body = {"model": self.model, "messages": messages, **_params(sampling, chat=True)}
+        yield from _pieces(self._stream("/chat/completions", _streaming(body)), chat=True)
+
+    # ---- select ------------------------------------------------------------------------------
+    def select(
+        self,
+        prompt: str,
+        choices: Sequence[str],
+        temperature: float,
+        method: ChoicesSamplingMethod,
+    ) -> ChoicesDecision:
+        """Score every choice with one echo request over ``prompt + choice`` for all choices.
+
+        As the local backend does, every choice is scored from the same token position: the
+        first token, over all choices, that holds any of a choice's characters (a token that
+        spans the boundary, ``" "`` + ``"yes"`` -> ``" yes"``, counts as the choice's)."""
+        self._need_completions("select")
+        choices = list(choices)
+        if not choices:
+            raise ValueError("select needs at least one choice")
+        rows = self._echo([prompt + c for c in choices])
+        firsts = [_first_token_of_tail(row, len(c)) for row, c in zip(rows, choices, strict=True)]
+        shortest = min(len(row) for row in rows)
+        # The text's first token has no log-probability: never score from position 0.
+        start = max(1, min(min(firsts), shortest - 1))
+        if start >= shortest:
+            raise ValueError(f"select cannot score {choices!r} after {prompt!r}: too few tokens")
+        scored = [_filled(row[start:]) for row in rows]
+        unconditional = None
+        if method.requires_unconditional_logprobs:
+            unconditional = [_filled(row) for row in self._echo(choices)]
+        normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
+        decision = method(
+            choices=choices,
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=scored,
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=unconditional,
+        )
+        if temperature > 0:  # sample a choice by its normalised score instead of the best
+            weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
+            decision.decision = random.choices(choices, weights)[0]
+        decision.meta_info["scored_from_position"] = start
+        return decision
+
+    def _echo(self, texts: list[str]) -> list[list[tuple[float | None, str, int]]]:
+        """Each text's tokens as (logprob, token text, end offset), from one echo request."""
+        body = {
+            "model": self.model,
+            "prompt": texts,
+            "echo": True,
+            "logprobs": 1,
+            "max_tokens": 0,
+            "temperature": 0,
+        }
+        out = self._post("/completions", body)
+        choices = sorted(out["choices"], key=lambda c: c.get("index", 0))
+        if len(choices) != len(texts):
+            raise OpenAIError(f"{_SERVICE} answered {len(texts)} prompts with {len(choices)}")
+        rows = []
+        for choice in choices:
+            lps = choice.get("logprobs") or {}
+            tokens, token_lps = lps.get("tokens"), lps.get("token_logprobs")
+            if not tokens or token_lps is None:
+                raise OpenAIError(f"{_SERVICE} returned no echoed prompt log-probabilities")
+            offsets = lps.get("text_offset") or _offsets(tokens)
+            ends = [*offsets[1:], offsets[-1] + len(tokens[-1])]
+            rows.append(list(zip(token_lps, tokens, ends, strict=True)))
+        return rows
+
+    def _need_completions(self, what: str) -> None:
+        if self.is_chat_model:
+            raise NotImplementedError(
+                f"{what} needs a completions model: a chat-completions service sees messages, "
+                "not the program's text, and gives no log-probabilities for given text. Use "
+                "OpenAI(..., is_chat_model=False) with a completions endpoint, or a radixlang "
+                "or SGLang server through RuntimeEndpoint"
+            )
+
+    def shutdown(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> OpenAI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _params(sampling: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """Engine sampling names -> an OpenAI request's fields."""
+    out: dict[str, Any] = {
+        "max_tokens": sampling.get("max_new_tokens", 128),
+        "temperature": sampling.get("temperature", 1.0),
+        "top_p": sampling.get("top_p", 1.0),
+    }
+    stop = sampling.get("stop")
+    if stop:
+        out["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    if sampling.get("seed") is not None:
+        out["seed"] = sampling["seed"]
+    out["frequency_penalty"] = sampling.get("frequency_penalty", 0.0)
+    out["presence_penalty"] = sampling.get("presence_penalty", 0.0)
+    out["n"] = 1
+    for name, (key, default) in _EXTRAS.items():
+        value = sampling.get(name)
+        if value is None or value == default or (name == "top_k" and value == 0):
+            continue
+        out[key] = value
+    if sampling.get("return_logprob"):
+        top = sampling.get("top_logprobs_num") or 0
+        if chat:
+            out["logprobs"] = True
+            if top:
+                out["top_logprobs"] = top
+        else:
+            out["logprobs"] = top
+    return out
+
+
+def _streaming(body: dict[str, Any]) -> dict[str, Any]:
+    # include_usage: the last chunk carries token counts, as a non-streamed response does.
+    return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def _meta_info(out: dict[str, Any], choice: dict[str, Any], chat: bool) -> dict[str, Any]:
+    usage = out.get("usage") or {}
+    finish: dict[str, Any] = {"type": choice.get("finish_reason")}
+    if choice.get("matched_stop") is not None:  # vLLM and SGLang say which stop matched
+        finish["matched"] = choice["matched_stop"]
+    meta: dict[str, Any] = {
+        "id": out.get("id"),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "finish_reason": finish,
+    }
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is not None:
+        meta["cached_tokens"] = cached
+    logprobs = choice.get("logprobs")
+    if logprobs:
+        meta.update(_output_logprobs(logprobs, chat))
+    return meta
+
+
+def _output_logprobs(logprobs: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """OpenAI's logprobs as SGLang's (logprob, token id, token text) triples; no token ids."""
+    if chat:
+        content = logprobs.get("content") or []
+        tokens = [(e.get("logprob"), None, e.get("token")) for e in content]
+        tops = [
+            [(t.get("logprob"), None, t.get("token")) for t in e.get("top_logprobs") or []]
+            for e in content
+        ]
+    else:
+        lps = logprobs.get("token_logprobs") or []
+        tokens = list(zip(lps, [None] * len(lps), logprobs.get("tokens") or [], strict=False))
+        tops = [
+            [(lp, None, tok) for tok, lp in (top or {}).items()]
+            for top in logprobs.get("top_logprobs") or []
+        ]
+    return {"output_token_logprobs": tokens, "output_top_logprobs": tops}
+
+
+def _pieces(events: Iterator[dict[str, Any]], chat: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Stream chunks -> (new text, {}) per piece, then ("", meta_info)."""
+    last: dict[str, Any] = {}
+    finish: dict[str, Any] = {}
+    for event in events:
+        for choice in event.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            if piece:
+                yield piece, {}
+            if choice.get("finish_reason") is not None:
+                finish = {k: v for k, v in choice.items() if k in ("finish_reason", "matched_stop")}
+        last = event
+    yield "", _meta_info(last, finish, chat)
+
+
+def _offsets(tokens: list[str]) -> list[int]:
+    out, at = [], 0
+    for tok in tokens:
+        out.append(at)
+        at += len(tok)
+    return out
+
+
+def _first_token_of_tail(row: list[tuple[float | None, str, int]], tail: int) -> int:
+    """The first token that holds any of the text's last ``tail`` characters. Counted back from
+    the end, so a leading BOS token's text in the offsets (vLLM) does not shift the boundary."""
+    boundary = row[-1][2] - tail
+    for j, (_, _, end) in enumerate(row):
+        if end > boundary:
+            return j
+    return len(row)
+
+
+def _filled(row: list[tuple[float | None, str, int]]) -> list[TokenLogprob]:
+    # A text's first token has no log-probability: count it as 0, as the local backend does.
+    return [(lp if lp is not None else 0.0, None, tok) for lp, tok, _ in row]
