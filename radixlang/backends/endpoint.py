@@ -237,9 +237,5 @@ def _filled(row: list[tuple[float | None, int, str | None]]) -> list[TokenLogpro
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    pairs = zip(a, b, strict=False)
+    return next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a), len(b)))
