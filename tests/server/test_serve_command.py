@@ -25,7 +25,7 @@ def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
     port = _free_port()
     cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
            "--port", str(port), "--dtype", "float32", "--kv-memory", "32MiB",
-           "--served-model-name", "tiny-chat", "--drain-timeout", "20"]  # fmt: skip
+           "--served-model-name", "tiny-chat", "--drain-timeout", "120"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -45,7 +45,7 @@ def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
 
         # A stream in flight when the signal comes: it is drained, not cut.
         body = {"text": "Keep going", "stream": True,
-                "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}  # fmt: skip
+                "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}  # fmt: skip
         chunks: list[dict] = []
         started = threading.Event()
 
@@ -61,7 +61,7 @@ def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
         assert started.wait(30)
         proc.send_signal(signal.SIGINT)
         reader.join(60)
-        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 100}
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -70,3 +70,34 @@ def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
     assert proc.returncode == 0, err
     assert "serving tiny-chat on" in out
     assert "every KV block is free" in err
+
+
+def test_shutdown_past_the_drain_timeout_aborts_and_frees_every_block(chat_model_dir):
+    from radixlang.runtime.engine import Engine
+    from radixlang.runtime.server import ServerThread
+
+    engine = Engine(str(chat_model_dir), kv_memory="16MiB", dtype="float32")
+    server = ServerThread(engine, owns_engine=True, drain_timeout=0.5)
+    body = {"text": "Never ending", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    outcome: list[object] = []
+
+    def wait_for_it() -> None:
+        try:
+            outcome.append(httpx.post(server.url + "/generate", json=body, timeout=60))
+        except httpx.HTTPError as e:
+            outcome.append(e)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while engine.stats()["running_requests"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.stop()
+    waiter.join(30)
+    assert not engine.is_running
+    assert engine.stats()["finished_abort"] == 1  # cut off at the drain timeout, not finished
+    assert engine.pool.num_free == engine.pool.num_blocks  # the app's shutdown freed them all
+    # The client saw its connection end or an error (uvicorn cancels what is left at the drain
+    # timeout), never a hang and never a result it did not get.
+    assert outcome and (isinstance(outcome[0], httpx.HTTPError) or outcome[0].status_code >= 500)
