@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import socket
@@ -309,6 +310,10 @@ def serve(
     import uvicorn
 
     app = create_app(engine, served_model_name, owns_engine=True, api_key=api_key)
+    # The model's and tokenizer's objects live as long as the server: keep them out of the
+    # garbage collector's full passes, which otherwise stall a request now and then (~0.15 s).
+    gc.collect()
+    gc.freeze()
     # uvicorn re-raises the interrupt once it has shut down cleanly: that is the normal end.
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()

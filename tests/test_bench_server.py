@@ -1,0 +1,67 @@
+"""bench_server runs end to end with --quick: a real `radixlang serve` subprocess and the
+in-process engine, on the tiny random-weight chat model (its numbers are not checked)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_percentile_interpolates_between_ranks():
+    bench = load("bench_server")
+    assert bench.percentile([3.0], 99) == 3.0
+    assert bench.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert bench.percentile([1.0, 2.0], 99) == 1.99
+
+
+def test_prompts_are_distinct_and_share_the_preamble_only_when_asked():
+    bench = load("bench_server")
+    shared = bench.make_prompts(200, shared_prefix=True)
+    assert len(set(shared)) == 200 and all(p.startswith(bench.PREAMBLE) for p in shared)
+    apart = bench.make_prompts(20, shared_prefix=False)
+    assert len({p[:12] for p in apart}) == 20  # they differ from their first characters
+
+
+def test_bench_server_quick_writes_json_and_plot(tmp_path, chat_model_dir):
+    bench = load("bench_server")
+    args = ["--quick", "--model", str(chat_model_dir), "--kv-memory", "64MiB"]
+    result = bench.main([*args, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_server.json").read_text())
+    assert [lv["concurrency"] for lv in saved["levels"]] == [1, 4]
+    for level in saved["levels"]:
+        for side in ("server", "engine"):
+            f = level[side]
+            assert f["requests"] == level["requests"], side
+            assert f["output_tokens_per_s"] > 0 and f["requests_per_s"] > 0, side
+            assert f["latency_p99_s"] >= f["latency_p50_s"] > 0, side
+            assert f["ttft_p99_s"] >= f["ttft_p50_s"] > 0, side
+            # EOS ignored: every request generated max_new_tokens, all counted by the engine
+            assert f["generated_tokens"] == level["requests"] * 8, side
+            assert f["counters"]["generated_tokens"] == f["generated_tokens"], side
+            assert f["counters"]["finished_requests"] == level["requests"], side
+            counters = f["counters"]
+            assert (
+                counters["prompt_tokens_computed"] + counters["prompt_tokens_reused"]
+                == counters["prompt_tokens"]
+                == f["prompt_tokens"]
+            ), side
+            assert counters["prompt_tokens_reused"] > 0, side  # the warmed-up shared preamble
+            assert f["after"]["running_requests"] == 0, side
+        assert level["ratios"]["http_overhead"] > 0
+    server = saved["server"]
+    assert server["before_stop"]["blocks_used"] == 0  # flushed, nothing held
+    # SIGINT: the server drained, freed every block and exited 0, with no error logged
+    assert server["exit_code"] == 0, server["stderr_tail"]
+    assert server["clean_shutdown"], server["stderr_tail"]
+    assert (tmp_path / "bench_server.png").stat().st_size > 0
+    assert result["summary"]["http_overhead"].keys() == {"1", "4"}
