@@ -16,7 +16,9 @@ the service names tokens only by text, as OpenAI's completions do).
 from __future__ import annotations
 
 import math
+import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,3 +131,29 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
 token_length_normalized = TokenLengthNormalized()
 greedy_token_selection = GreedyTokenSelection()
 unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
+
+
+def decide(
+    choices: Sequence[str],
+    scored: list[list[TokenLogprob]],
+    method: ChoicesSamplingMethod,
+    temperature: float,
+    start: int,
+    unconditional: list[list[TokenLogprob]] | None = None,
+) -> ChoicesDecision:
+    """A backend's last step of ``select``: ``method`` over each choice's scored tokens (from
+    position ``start`` of the prompt, recorded in the meta_info). ``temperature`` > 0 samples a
+    choice by its mean score instead of taking the best."""
+    normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
+    decision = method(
+        choices=list(choices),
+        normalized_prompt_logprobs=normalized,
+        input_token_logprobs=scored,
+        output_token_logprobs=[[] for _ in choices],
+        unconditional_token_logprobs=unconditional,
+    )
+    if temperature > 0:
+        weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
+        decision.decision = random.choices(list(choices), weights)[0]
+    decision.meta_info["scored_from_position"] = start
+    return decision

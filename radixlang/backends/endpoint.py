@@ -9,8 +9,6 @@ unless ``chat_template=`` is given).
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -26,7 +24,7 @@ from radixlang.backends.http_client import (
     make_client,
 )
 from radixlang.chat_template import PLAIN, ChatTemplate, from_jinja
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob
+from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 
 _SERVER = "the server"
 # Fields of a /generate request that SGLang takes beside sampling_params, not inside it.
@@ -157,19 +155,7 @@ class RuntimeEndpoint(Backend):
         unconditional = None
         if method.requires_unconditional_logprobs:
             unconditional = [_filled(row) for row in self._score(choices, 0)]
-        normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
-        decision = method(
-            choices=choices,
-            normalized_prompt_logprobs=normalized,
-            input_token_logprobs=scored,
-            output_token_logprobs=[[] for _ in choices],
-            unconditional_token_logprobs=unconditional,
-        )
-        if temperature > 0:  # sample a choice by its normalised score instead of the best
-            weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
-            decision.decision = random.choices(choices, weights)[0]
-        decision.meta_info["scored_from_position"] = start
-        return decision
+        return decide(choices, scored, method, temperature, start, unconditional)
 
     def _score(
         self, texts: list[str], logprob_start_len: int

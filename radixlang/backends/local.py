@@ -7,14 +7,12 @@ makes the shared part free, so branches, turns and batch items never recompute a
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixlang.backends.base import Backend
 from radixlang.chat_template import ChatTemplate, from_tokenizer
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob
+from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import GenerateRequest, GenerationResult
@@ -88,19 +86,7 @@ class LocalBackend(Backend):
             for h in handles + alone:
                 h.abort()
             raise
-        normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
-        decision = method(
-            choices=list(choices),
-            normalized_prompt_logprobs=normalized,
-            input_token_logprobs=scored,
-            output_token_logprobs=[[] for _ in choices],
-            unconditional_token_logprobs=unconditional,
-        )
-        if temperature > 0:  # sample a choice by its normalised score instead of the best
-            weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
-            decision.decision = random.choices(list(choices), weights)[0]
-        decision.meta_info["scored_from_position"] = start
-        return decision
+        return decide(choices, scored, method, temperature, start, unconditional)
 
     def _token_logprobs(self, result: GenerationResult) -> list[TokenLogprob]:
         return [

@@ -13,9 +13,7 @@ program sets them, so a plain program stays a valid request for any service.
 
 from __future__ import annotations
 
-import math
 import os
-import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -31,7 +29,7 @@ from radixlang.backends.http_client import (
     make_client,
 )
 from radixlang.chat_template import PLAIN, ChatTemplate
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob
+from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 
 _SERVICE = "the OpenAI-compatible service"
 # Engine name -> (request name, default): sent only when a program sets another value.
@@ -155,19 +153,7 @@ class OpenAI(Backend):
         unconditional = None
         if method.requires_unconditional_logprobs:
             unconditional = [_filled(row) for row in self._echo(choices)]
-        normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
-        decision = method(
-            choices=choices,
-            normalized_prompt_logprobs=normalized,
-            input_token_logprobs=scored,
-            output_token_logprobs=[[] for _ in choices],
-            unconditional_token_logprobs=unconditional,
-        )
-        if temperature > 0:  # sample a choice by its normalised score instead of the best
-            weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
-            decision.decision = random.choices(choices, weights)[0]
-        decision.meta_info["scored_from_position"] = start
-        return decision
+        return decide(choices, scored, method, temperature, start, unconditional)
 
     def _echo(self, texts: list[str]) -> list[list[tuple[float | None, str, int]]]:
         """Each text's tokens as (logprob, token text, end offset), from one echo request."""
