@@ -29,8 +29,7 @@ from radixlang.choices import (
 from radixlang.function import Function, function
 from radixlang.run_options import get_default_backend, set_default_backend
 from radixlang.state import ProgramState, ProgramStateGroup
-
-__version__ = "0.1.0"
+from radixlang.version import __version__
 
 
 def __getattr__(name: str) -> Any:

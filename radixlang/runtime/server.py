@@ -37,12 +37,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-import radixlang
 from radixlang.runtime import http_native, metrics
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.http_common import APIError, TokenTexts, read_body, submit_all
 from radixlang.runtime.http_openai import OpenAIRoutes
 from radixlang.runtime.request import FinishReason, GenerateRequest
+from radixlang.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def create_app(
             await run_in_threadpool(engine.shutdown, True)
             log.info("engine stopped; every KV block is free")
 
-    app = FastAPI(title="radixlang", version=radixlang.__version__, lifespan=lifespan)
+    app = FastAPI(title="radixlang", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.counters = counters
     if api_key:
@@ -216,7 +216,7 @@ def create_app(
         sched = engine.scheduler
         return JSONResponse(
             {
-                "version": radixlang.__version__,
+                "version": __version__,
                 "model_path": str(engine.files.path),
                 "served_model_name": model_name,
                 "dtype": str(engine.runner.dtype).removeprefix("torch."),
