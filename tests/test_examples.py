@@ -116,3 +116,15 @@ def test_few_shot_batch_example():
     assert len(re.findall(r"^   A: ", out, flags=re.M)) == 16
     _, _, hit_rate = cache_stats(out)
     assert hit_rate > 0.5  # the few-shot prefix is computed once for 16 programs
+
+
+@pytest.mark.slow
+def test_serve_and_query_example():
+    out = run_example("serve_and_query.py", "--max-tokens", "12")
+    ideas = re.findall(r"^\d\. (.+)$", out, re.MULTILINE)
+    assert len(ideas) == 3 and all(ideas)
+    m = re.search(r"/generate over the program's prompt: (\d+) of (\d+) prompt tokens", out)
+    assert m and int(m[1]) == int(m[2]) - 1  # all but the last token came from the cache
+    m = re.search(r"server: (\d+) requests, prompt tokens: (\d+) reused, (\d+) computed", out)
+    assert m and int(m[1]) == 6  # the fork's prefill, 3 branches, 1 chat, 1 /generate
+    assert int(m[2]) > int(m[3])
