@@ -770,6 +770,10 @@ class Engine:
                 f"the prompt needs {need} KV blocks but the pool has {self.pool.num_blocks}: "
                 f"give the engine more kv_memory"
             )
+        vocab = self.runner.vocab_size
+        if params.logit_bias and not all(t < vocab for t in params.logit_bias):
+            bad = sorted(t for t in params.logit_bias if t >= vocab)[:5]
+            raise RequestError(f"logit_bias holds token ids outside [0, {vocab}): {bad}")
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this model has none")
 

@@ -36,7 +36,6 @@ _UNSUPPORTED_UNLESS_OFF = {
     "ebnf": "EBNF grammars are not supported yet; use regex",
     "structural_tag": "structural tags are not supported",
     "stop_regex": "stop_regex is not supported; use stop strings",
-    "logit_bias": "logit_bias is not supported",
     "custom_params": "custom logit processors are not supported",
 }
 # SGLang keys with no effect here: the server's own behaviour is the same or the key is a hint.

@@ -63,8 +63,6 @@ class _Body(BaseModel):
     regex: str | None = None
 
     def sampling(self, max_tokens: int | None, default_max: int) -> dict[str, Any]:
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported", param="logit_bias")
         if max_tokens is not None and max_tokens < 0:
             raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
         sampling: dict[str, Any] = {
@@ -83,6 +81,7 @@ class _Body(BaseModel):
             "skip_special_tokens": self.skip_special_tokens,
             "seed": self.seed,
             "regex": self.regex,
+            "logit_bias": self.logit_bias or None,
         }
         if sampling["min_new_tokens"] > sampling["max_new_tokens"]:
             raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")

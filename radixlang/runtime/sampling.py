@@ -91,6 +91,10 @@ class SamplingParams:
     logprob_start_len: int = -1  # -1: no prompt logprobs; else prompt logprobs from this position
     # The output must fully match this regex (compiled by the engine into per-token masks).
     regex: str | None = None
+    # OpenAI's logit_bias: token id -> a value in [-100, 100] added to its logit before
+    # sampling (-100 all but bans a token, +100 all but forces it). JSON's string keys are
+    # accepted and turned into ints.
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -156,6 +160,7 @@ class SamplingParams:
             raise SamplingParamsError(
                 f"logprob_start_len must be -1 (off) or >= 0, got {self.logprob_start_len}"
             )
+        self.logit_bias = self._normalise_logit_bias(self.logit_bias)
         if self.regex is not None and not isinstance(self.regex, str):
             raise SamplingParamsError(
                 f"regex must be a str or None, got {type(self.regex).__name__} {self.regex!r}"
@@ -178,6 +183,25 @@ class SamplingParams:
                 # An empty stop string would match at every position and end every request.
                 raise SamplingParamsError("stop entries must be non-empty strings")
         return list(stop)
+
+    @staticmethod
+    def _normalise_logit_bias(bias: object) -> dict[int, float] | None:
+        if bias is None or bias == {}:
+            return None
+        if not isinstance(bias, Mapping):
+            raise SamplingParamsError(
+                f"logit_bias must map token ids to numbers, got {type(bias).__name__}"
+            )
+        out: dict[int, float] = {}
+        for key, value in bias.items():
+            token = int(key) if isinstance(key, str) and key.isdigit() else key
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise SamplingParamsError(f"logit_bias keys must be token ids >= 0, got {key!r}")
+            value = _check_float(f"logit_bias[{key}]", value)
+            if not -100 <= value <= 100:  # also rejects NaN
+                raise SamplingParamsError(f"logit_bias values must be in [-100, 100], got {value}")
+            out[token] = value
+        return out
 
     @staticmethod
     def _normalise_stop_token_ids(ids: object) -> list[int]:
@@ -255,6 +279,25 @@ def _check_ids(ids: Sequence[int], vocab: int, what: str, row: int) -> None:
     # Out-of-range indices are a device-side assert on CUDA; fail here with a readable message.
     if ids and (min(ids) < 0 or max(ids) >= vocab):
         raise ValueError(f"row {row}: {what} holds a token id outside [0, {vocab})")
+
+
+def _apply_bias(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place: add each row's logit_bias (before masks, which then still forbid outright)."""
+    vocab = x.shape[1]
+    bias_rows: list[int] = []
+    bias_toks: list[int] = []
+    bias_vals: list[float] = []
+    for i, row in enumerate(rows):
+        bias = row.params.logit_bias
+        if bias:
+            _check_ids(list(bias), vocab, "logit_bias", i)
+            bias_rows += [i] * len(bias)
+            bias_toks += list(bias)
+            bias_vals += list(bias.values())
+    if bias_toks:
+        r = torch.tensor(bias_rows, device=x.device)
+        t = torch.tensor(bias_toks, device=x.device)
+        x[r, t] += torch.tensor(bias_vals, dtype=x.dtype, device=x.device)
 
 
 def _apply_masks(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -485,7 +528,11 @@ def sample(
     params = [r.params for r in rows]
     want_lp = [p.return_logprob for p in params]
     modify = [
-        r.allowed_mask is not None or _stop_masked(r) or _uses_penalties(r.params) for r in rows
+        r.allowed_mask is not None
+        or _stop_masked(r)
+        or _uses_penalties(r.params)
+        or bool(r.params.logit_bias)
+        for r in rows
     ]
     greedy = [p.is_greedy for p in params]
 
@@ -498,6 +545,7 @@ def sample(
     if any(modify):
         # Copy so the caller's logits and the raw logprobs below stay untouched.
         x = raw.clone()
+        _apply_bias(x, rows)
         _apply_masks(x, rows)
         _apply_penalties(x, rows)
 

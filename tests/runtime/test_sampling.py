@@ -636,3 +636,39 @@ def test_cuda_logits_with_cpu_generators():
     for i in range(2, 7):
         alone = sample(logits[i : i + 1].cuda(), [rows()[i]]).token_ids[0]
         assert alone == cuda.token_ids[i]
+
+
+# --------------------------------------------------------------------------- logit_bias
+
+
+@pytest.mark.parametrize(("bias", "expected"), [(1.99, 0), (2.01, 1)])
+def test_logit_bias_adds_to_the_logit(bias, expected):
+    logits = _logits({0: 3.0, 1: 1.0})
+    assert greedy_pick(logits, logit_bias={1: bias}) == expected
+    assert greedy_pick(logits, logit_bias={"1": bias}) == expected  # JSON's string keys
+
+
+def test_logit_bias_bans_and_forces_sampled_tokens_and_leaves_logprobs_raw():
+    logits = torch.randn(1, 50, generator=gen(3))
+    best = int(logits.argmax())
+    banned = draw_many(logits, 400, logit_bias={best: -100.0})
+    assert best not in banned.token_ids
+    forced = draw_many(logits, 50, logit_bias={7: 100.0}, return_logprob=True)
+    assert set(forced.token_ids) == {7}
+    raw = torch.log_softmax(logits[0], dim=0)[7].item()
+    assert forced.logprobs[0] == pytest.approx(raw)  # the model's, not the biased one
+
+
+def test_logit_bias_never_overrides_a_mask():
+    mask = torch.tensor([True, True, False, False])
+    logits = torch.tensor([[1.0, 0.5, 0.0, 0.0]])
+    row = make_row(temperature=0.0, mask=mask, logit_bias={2: 100.0})
+    assert sample(logits, [row]).token_ids == [0]
+
+
+@pytest.mark.parametrize(
+    "bias", [{"x": 1.0}, {-1: 1.0}, {1: 101.0}, {1: float("nan")}, {1: "big"}, [1, 2], {True: 1}]
+)
+def test_bad_logit_bias_is_rejected(bias):
+    with pytest.raises(SamplingParamsError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)

@@ -147,3 +147,18 @@ def test_openai_client_errors(oai, model, client, call, error, param):
     assert info.value.body["param"] == param
     assert info.value.body["message"]
     assert_no_leak(client)
+
+
+def test_logit_bias_forces_and_bans_tokens(oai, model, engine, client):
+    token = engine.tokenizer.encode(" banana", add_special_tokens=False)[0]
+    forced = oai.completions.create(model=model, prompt="I like", max_tokens=3, temperature=0,
+                                    logit_bias={str(token): 100})  # fmt: skip
+    assert forced.choices[0].text == " banana" * 3
+    plain = oai.completions.create(model=model, prompt="I like", max_tokens=1, temperature=0)
+    first = engine.tokenizer.encode(plain.choices[0].text, add_special_tokens=False)[0]
+    banned = oai.completions.create(model=model, prompt="I like", max_tokens=1, temperature=0,
+                                    logit_bias={str(first): -100})  # fmt: skip
+    assert banned.choices[0].text != plain.choices[0].text
+    native = client.post("/generate", json={"text": "I like", "sampling_params": {
+        "max_new_tokens": 2, "temperature": 0, "logit_bias": {str(token): 100}}})  # fmt: skip
+    assert native.json()["text"] == " banana" * 2
