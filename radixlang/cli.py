@@ -138,6 +138,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
         api_key=args.api_key or os.environ.get("RADIXLANG_API_KEY"),
+        max_queued_requests=args.max_queued_requests,
+        allowed_origins=args.allowed_origins,
     )
     return 0
 
@@ -207,6 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXLANG_API_KEY)"
+    )
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        help="answer 503 (Retry-After: 1) rather than queue more than this many requests",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        help="origins whose browser pages may call the API (CORS), e.g. http://localhost:3000",
     )
     p.set_defaults(func=_cmd_serve)
     return parser

@@ -170,6 +170,11 @@ class Engine:
         return self.runner.max_context
 
     @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet admitted (read without a lock: a close estimate)."""
+        return len(self.scheduler.waiting) + sum(kind == "add" for kind, _ in list(self._inbox))
+
+    @property
     def is_running(self) -> bool:
         """Whether the engine takes requests: not shut down, its thread (if any) alive."""
         return not self._closed and (self._thread is None or self._thread.is_alive())

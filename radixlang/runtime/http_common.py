@@ -39,12 +39,14 @@ class APIError(Exception):
         message: str,
         param: str | None = None,
         kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.kind = kind
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {
@@ -57,7 +59,7 @@ class APIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 async def read_body(request: Request, model: type[M]) -> M:
@@ -123,8 +125,18 @@ async def submit_all(
     requests: Sequence[GenerateRequest],
     where: Sequence[str | None],
     prompt_field: str = "prompt",
+    max_queued: int | None = None,
 ) -> list[RequestHandle]:
-    """Submit every request, or none: one refused request aborts those already queued."""
+    """Submit every request, or none: one refused request aborts those already queued. With
+    ``max_queued``, a body that would take the queue past it is refused with a 503."""
+    if max_queued is not None and engine.num_waiting + len(requests) > max_queued:
+        raise APIError(
+            503,
+            f"the server is overloaded: {engine.num_waiting} requests are queued (limit "
+            f"{max_queued}); retry shortly",
+            kind="server_overloaded",
+            headers={"Retry-After": "1"},
+        )
 
     def submit() -> list[RequestHandle]:
         handles: list[RequestHandle] = []

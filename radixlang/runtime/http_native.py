@@ -183,7 +183,11 @@ async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response
     items, as_list = parse_items(body)
     prompt_field = "text" if body.text is not None else "input_ids"
     handles = await submit_all(
-        engine, [it.request for it in items], [it.where for it in items], prompt_field
+        engine,
+        [it.request for it in items],
+        [it.where for it in items],
+        prompt_field,
+        request.app.state.max_queued_requests,
     )
     token_texts = texts if body.return_text_in_logprobs else None
     if body.stream:

@@ -179,7 +179,9 @@ class OpenAIRoutes:
             for j in range(body.n):
                 requests.append(_request(prompt, sampling, j))
                 where.append(f"prompt[{i}]" if len(prompts) > 1 else None)
-        handles = await submit_all(self.engine, requests, where)
+        handles = await submit_all(
+            self.engine, requests, where, "prompt", request.app.state.max_queued_requests
+        )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = [self._prompt_text(p) if body.echo else "" for p in prompts for _ in range(body.n)]
         if body.stream:
@@ -284,7 +286,13 @@ class OpenAIRoutes:
         if limit is None:  # what is left of the context window
             sampling["max_new_tokens"] = max(self.engine.max_context - len(ids), 1)
         requests = [_request(ids, sampling, j) for j in range(body.n)]
-        handles = await submit_all(self.engine, requests, [None] * body.n, "messages")
+        handles = await submit_all(
+            self.engine,
+            requests,
+            [None] * body.n,
+            "messages",
+            request.app.state.max_queued_requests,
+        )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             stream = self._stream_chat(handles, body, rid, created)

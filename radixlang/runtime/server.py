@@ -31,6 +31,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -130,9 +131,13 @@ def create_app(
     served_model_name: str | None = None,
     owns_engine: bool = False,
     api_key: str | None = None,
+    max_queued_requests: int | None = None,
+    allowed_origins: list[str] | None = None,
 ) -> FastAPI:
     """The server's ASGI app. With ``owns_engine`` the app's shutdown stops the engine and
-    frees every KV block; with ``api_key`` requests must carry it."""
+    frees every KV block; with ``api_key`` requests must carry it; ``max_queued_requests``
+    refuses work (503, Retry-After) past that many queued requests; ``allowed_origins`` lets
+    browser pages on those origins call the API (CORS)."""
     model_name = served_model_name or engine.files.name
     texts = TokenTexts(engine.tokenizer)
     openai = OpenAIRoutes(engine, model_name, texts)
@@ -148,6 +153,14 @@ def create_app(
     app = FastAPI(title="radixlang", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.counters = counters
+    app.state.max_queued_requests = max_queued_requests
+    if allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
     if api_key:
         app.add_middleware(_RequireKey, api_key=api_key)
     app.add_middleware(_CountRequests, counters=counters)  # outermost: counts refusals too
@@ -304,12 +317,13 @@ def serve(
     served_model_name: str | None = None,
     drain_timeout: float = 30.0,
     log_level: str = "info",
-    api_key: str | None = None,
+    **app_options: Any,
 ) -> None:
-    """Serve until interrupted (Ctrl-C, SIGTERM); then drain, stop the engine, free blocks."""
+    """Serve until interrupted (Ctrl-C, SIGTERM); then drain, stop the engine, free blocks.
+    ``app_options`` go to :func:`create_app` (``api_key``, ``max_queued_requests``, ...)."""
     import uvicorn
 
-    app = create_app(engine, served_model_name, owns_engine=True, api_key=api_key)
+    app = create_app(engine, served_model_name, owns_engine=True, **app_options)
     # The model's and tokenizer's objects live as long as the server: keep them out of the
     # garbage collector's full passes, which otherwise stall a request now and then (~0.15 s).
     gc.collect()
@@ -331,11 +345,11 @@ class ServerThread:
         owns_engine: bool = False,
         drain_timeout: float = 5.0,
         log_level: str = "warning",
-        api_key: str | None = None,
+        **app_options: Any,
     ) -> None:
         import uvicorn
 
-        self.app = create_app(engine, served_model_name, owns_engine, api_key)
+        self.app = create_app(engine, served_model_name, owns_engine, **app_options)
         self.engine = engine
         # Bind first, so port 0 becomes a real free port before anyone needs the URL.
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -101,3 +101,41 @@ def test_shutdown_past_the_drain_timeout_aborts_and_frees_every_block(chat_model
     # The client saw its connection end or an error (uvicorn cancels what is left at the drain
     # timeout), never a hang and never a result it did not get.
     assert outcome and (isinstance(outcome[0], httpx.HTTPError) or outcome[0].status_code >= 500)
+
+
+def test_overload_is_refused_with_503_and_cors_is_answered(chat_model_dir):
+    from radixlang.runtime.engine import Engine
+    from radixlang.runtime.server import serve_in_thread
+
+    # One request runs at a time, so the others queue.
+    engine = Engine(str(chat_model_dir), kv_memory="16MiB", max_running_requests=1)
+    long = {"text": "Busy", "sampling_params": {"max_new_tokens": 600, "ignore_eos": True}}
+    short = {"text": "Me too", "sampling_params": {"max_new_tokens": 1}}
+    origin = "http://localhost:3000"
+    try:
+        with serve_in_thread(engine, max_queued_requests=2, allowed_origins=[origin]) as srv:
+            handles = [engine.submit("x" * 5, long["sampling_params"]) for _ in range(3)]
+            deadline = time.monotonic() + 30
+            while engine.num_waiting != 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            refused = httpx.post(srv.url + "/generate", json=short)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["type"] == "server_overloaded"
+            for h in handles:
+                h.abort()
+            deadline = time.monotonic() + 30
+            while engine.num_waiting:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert httpx.post(srv.url + "/generate", json=short).status_code == 200
+            preflight = httpx.options(
+                srv.url + "/v1/chat/completions",
+                headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+            )
+            assert preflight.status_code == 200
+            assert preflight.headers["access-control-allow-origin"] == origin
+            other = httpx.get(srv.url + "/health", headers={"Origin": "http://evil.example"})
+            assert "access-control-allow-origin" not in other.headers
+    finally:
+        engine.shutdown(free_cache=True)
