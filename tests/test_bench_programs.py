@@ -1,22 +1,10 @@
 """bench_programs runs end to end at its small scale on the default model (numbers not checked)."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+from bench_module import load
 
 
 def test_prompt_trie_tokens_counts_shared_prefixes_once():

@@ -1,20 +1,9 @@
 """bench_server runs end to end with --quick: a real `radixlang serve` subprocess and the
 in-process engine, on the tiny random-weight chat model (its numbers are not checked)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+from bench_module import load
 
 
 def test_percentile_interpolates_between_ranks():

@@ -1,17 +1,9 @@
 """The benchmarks run end to end on tiny sizes (their numbers are not checked here)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_module import load
 
 
 def test_bench_radix_cache_writes_json_and_plot(tmp_path):
