@@ -19,7 +19,12 @@ from starlette.responses import JSONResponse
 
 from radixlang.runtime.engine import EngineClosedError, RequestError
 from radixlang.runtime.handle import RequestHandle
-from radixlang.runtime.request import GenerateRequest, GenerationResult, StreamEvent
+from radixlang.runtime.request import (
+    FinishReason,
+    GenerateRequest,
+    GenerationResult,
+    StreamEvent,
+)
 from radixlang.runtime.sampling import SamplingParams
 
 M = TypeVar("M", bound=BaseModel)
@@ -170,7 +175,8 @@ async def wait_for_disconnect(request: Request) -> None:
 async def results_unless_disconnected(
     request: Request, handles: Sequence[RequestHandle]
 ) -> list[GenerationResult] | None:
-    """Every request's result; None (and the requests aborted) if the client leaves first."""
+    """Every request's result; None (and the requests aborted) if the client leaves first. A
+    request the engine failed raises a 500 naming the failure."""
     results = asyncio.ensure_future(
         asyncio.gather(*(h.wait(raise_on_error=False) for h in handles))
     )
@@ -183,7 +189,12 @@ async def results_unless_disconnected(
             results.cancel()
             for h in handles:
                 h.abort()
-    return results.result() if results.done() and not results.cancelled() else None
+    if not results.done() or results.cancelled():
+        return None
+    for result in results.result():
+        if result.finish_reason is FinishReason.ERROR:
+            raise engine_failure(result)
+    return results.result()
 
 
 async def merged_events(

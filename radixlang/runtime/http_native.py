@@ -196,9 +196,6 @@ async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response
     results = await results_unless_disconnected(request, handles)
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    for result in results:
-        if result.finish_reason is FinishReason.ERROR:
-            raise engine_failure(result)
     out = [result_body(r, it, token_texts) for r, it in zip(results, items, strict=True)]
     return JSONResponse(out if as_list else out[0])
 

@@ -187,7 +187,7 @@ class OpenAIRoutes:
         if body.stream:
             stream = self._stream_completion(handles, body, rid, created, echo)
             return StreamingResponse(stream, media_type="text/event-stream")
-        results = await _results(request, handles)
+        results = await results_unless_disconnected(request, handles)
         if results is None:
             return Response(status_code=499)
         choices = []
@@ -297,7 +297,7 @@ class OpenAIRoutes:
         if body.stream:
             stream = self._stream_chat(handles, body, rid, created)
             return StreamingResponse(stream, media_type="text/event-stream")
-        results = await _results(request, handles)
+        results = await results_unless_disconnected(request, handles)
         if results is None:
             return Response(status_code=499)
         choices = []
@@ -417,14 +417,6 @@ def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)
     return out
-
-
-async def _results(request: Request, handles: Sequence[Any]) -> list[GenerationResult] | None:
-    results = await results_unless_disconnected(request, handles)
-    for result in results or []:
-        if result.finish_reason is FinishReason.ERROR:
-            raise engine_failure(result)
-    return results
 
 
 def _usage(results: Sequence[GenerationResult | None], n: int) -> dict[str, Any]:

@@ -234,3 +234,20 @@ def test_api_key_guards_every_route_but_health_and_metrics(engine):
         assert c.post("/generate", json=body, headers=key).status_code == 200
         assert c.get("/v1/models", headers=key).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+def test_a_failed_forward_is_a_500_and_the_server_goes_on(client, engine, monkeypatch):
+    real = engine.runner.forward
+
+    def broken(*args, **kwargs):
+        monkeypatch.setattr(engine.runner, "forward", real)  # only this step fails
+        raise RuntimeError("injected fault")
+
+    wait_idle(client)
+    monkeypatch.setattr(engine.runner, "forward", broken)
+    body = {"text": "Fail once", "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    failed = client.post("/generate", json=body)
+    assert failed.status_code == 500
+    assert "injected fault" in failed.json()["error"]["message"]
+    assert client.post("/generate", json=body).status_code == 200
+    assert_no_leak(client)
