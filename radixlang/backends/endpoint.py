@@ -15,14 +15,7 @@ from typing import Any
 import httpx
 
 from radixlang.backends.base import Backend
-from radixlang.backends.http_client import (
-    DEFAULT_TIMEOUT,
-    HTTPBackendError,
-    check_response,
-    connection_error,
-    iter_sse,
-    make_client,
-)
+from radixlang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
 from radixlang.chat_template import PLAIN, ChatTemplate, from_jinja
 from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 
@@ -48,38 +41,29 @@ class RuntimeEndpoint(Backend):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.client = make_client(self.base_url, api_key, timeout, transport)
+        self.service = ServiceClient(
+            self.base_url, api_key, timeout, transport, EndpointError, _SERVER
+        )
+        self.client = self.service.client
         try:
             self.model_info = self.get_model_info()
         except BaseException:
-            self.client.close()
+            self.service.close()
             raise
         self.chat_template = chat_template or _template_from(self.model_info)
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 
-    # ---- HTTP --------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        try:
-            response = self.client.request(method, path, json=body)
-        except httpx.TransportError as e:
-            raise connection_error(e, EndpointError, _SERVER, self.base_url) from None
-        check_response(response, EndpointError, _SERVER)
-        return response
-
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._request("POST", path, body).json()
-
     def get_model_info(self) -> dict[str, Any]:
-        return self._request("GET", "/get_model_info").json()
+        return self.service.get("/get_model_info")
 
     def get_server_info(self) -> dict[str, Any]:
-        return self._request("GET", "/get_server_info").json()
+        return self.service.get("/get_server_info")
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        out = self._post("/generate", _generate_body(prompt, sampling))
+        out = self.service.post("/generate", _generate_body(prompt, sampling))
         return out["text"], _meta_info(out)
 
     def generate_stream(
@@ -89,39 +73,26 @@ class RuntimeEndpoint(Backend):
         body["stream"] = True
         sent = ""
         last: dict[str, Any] = {}
-        try:
-            # Leaving this block early (the consumer stopped) closes the connection, which
-            # makes the server abort the request.
-            with self.client.stream("POST", "/generate", json=body) as response:
-                if not response.is_success:
-                    response.read()
-                    check_response(response, EndpointError, _SERVER)
-                for event in iter_sse(response, EndpointError, _SERVER):
-                    text = event.get("text", "")
-                    if not text.startswith(sent):
-                        raise EndpointError(
-                            f"{_SERVER} streamed text that does not extend the text before it "
-                            "(expected SGLang's cumulative stream)"
-                        )
-                    if len(text) > len(sent):
-                        yield text[len(sent) :], {}
-                        sent = text
-                    last = event
-        except httpx.TransportError as e:
-            raise connection_error(e, EndpointError, _SERVER, self.base_url) from None
+        for event in self.service.events("/generate", body):
+            text = event.get("text", "")
+            if not text.startswith(sent):
+                raise EndpointError(
+                    f"{_SERVER} streamed text that does not extend the text before it "
+                    "(expected SGLang's cumulative stream)"
+                )
+            if len(text) > len(sent):
+                yield text[len(sent) :], {}
+                sent = text
+            last = event
         yield "", _meta_info(last)
 
     def cache_prefix(self, prompt: str, wait: bool = False) -> None:
         # Always synchronous: a fork's branches are sent after this returns, so all of them
         # find the shared prefix already cached.
-        self._post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+        self.service.post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}})
 
     def flush_cache(self) -> bool:
-        try:
-            response = self.client.post("/flush_cache")
-        except httpx.TransportError as e:
-            raise connection_error(e, EndpointError, _SERVER, self.base_url) from None
-        return response.status_code == 200
+        return self.service.request("POST", "/flush_cache", check=False).status_code == 200
 
     # ---- select ------------------------------------------------------------------------------
     def select(
@@ -139,7 +110,9 @@ class RuntimeEndpoint(Backend):
         choices = list(choices)
         if not choices:
             raise ValueError("select needs at least one choice")
-        cached = self._post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+        cached = self.service.post(
+            "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}}
+        )
         first = max(cached["meta_info"]["prompt_tokens"] - _BOUNDARY_WINDOW, 0)
         rows = self._score([prompt] + [prompt + c for c in choices], first)
         departs = [_common_prefix_len(_ids(rows[0]), _ids(row)) for row in rows[1:]]
@@ -161,7 +134,7 @@ class RuntimeEndpoint(Backend):
         self, texts: list[str], logprob_start_len: int
     ) -> list[list[tuple[float | None, int, str | None]]]:
         """Each text's prompt log-probabilities from ``logprob_start_len`` on, in one request."""
-        outs = self._post(
+        outs = self.service.post(
             "/generate",
             {
                 "text": texts,
@@ -176,7 +149,7 @@ class RuntimeEndpoint(Backend):
         return [[tuple(e) for e in out["meta_info"]["input_token_logprobs"]] for out in outs]
 
     def shutdown(self) -> None:
-        self.client.close()
+        self.service.close()
 
     def __enter__(self) -> RuntimeEndpoint:
         return self

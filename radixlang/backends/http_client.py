@@ -121,3 +121,54 @@ def iter_sse(
                 url=str(response.request.url),
             )
         yield event
+
+
+class ServiceClient:
+    """One service's pooled client: JSON requests and server-sent event streams, with every
+    failure (refused, unreachable, broken stream) raised as ``error_cls`` naming the service."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout: float | None,
+        transport: httpx.BaseTransport | None,
+        error_cls: type[HTTPBackendError],
+        name: str,
+    ) -> None:
+        self.base_url = base_url
+        self.error_cls = error_cls
+        self.name = name
+        self.client = make_client(base_url, api_key, timeout, transport)
+
+    def request(
+        self, method: str, path: str, body: Any = None, check: bool = True
+    ) -> httpx.Response:
+        try:
+            response = self.client.request(method, path, json=body)
+        except httpx.TransportError as e:
+            raise connection_error(e, self.error_cls, self.name, self.base_url) from None
+        if check:
+            check_response(response, self.error_cls, self.name)
+        return response
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("POST", path, body).json()
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path).json()
+
+    def events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The events of a streamed POST. Leaving early (the consumer stopped) closes the
+        connection, which makes the service stop generating."""
+        try:
+            with self.client.stream("POST", path, json=body) as response:
+                if not response.is_success:
+                    response.read()
+                    check_response(response, self.error_cls, self.name)
+                yield from iter_sse(response, self.error_cls, self.name)
+        except httpx.TransportError as e:
+            raise connection_error(e, self.error_cls, self.name, self.base_url) from None
+
+    def close(self) -> None:
+        self.client.close()

@@ -20,14 +20,7 @@ from typing import Any
 import httpx
 
 from radixlang.backends.base import Backend
-from radixlang.backends.http_client import (
-    DEFAULT_TIMEOUT,
-    HTTPBackendError,
-    check_response,
-    connection_error,
-    iter_sse,
-    make_client,
-)
+from radixlang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
 from radixlang.chat_template import PLAIN, ChatTemplate
 from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 
@@ -67,38 +60,21 @@ class OpenAI(Backend):
         self.base_url = base_url.rstrip("/")
         if api_key is None:
             api_key = os.environ.get("OPENAI_API_KEY")
-        self.client = make_client(self.base_url, api_key, timeout, transport)
+        self.service = ServiceClient(
+            self.base_url, api_key, timeout, transport, OpenAIError, _SERVICE
+        )
+        self.client = self.service.client
         self.is_chat_model = is_chat_model
         self.chat_template = chat_template or (CHAT_MESSAGES if is_chat_model else PLAIN)
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            response = self.client.post(path, json=body)
-        except httpx.TransportError as e:
-            raise connection_error(e, OpenAIError, _SERVICE, self.base_url) from None
-        check_response(response, OpenAIError, _SERVICE)
-        return response.json()
-
-    def _stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        try:
-            # Leaving this block early (the consumer stopped) closes the connection, which
-            # makes the service stop generating.
-            with self.client.stream("POST", path, json=body) as response:
-                if not response.is_success:
-                    response.read()
-                    check_response(response, OpenAIError, _SERVICE)
-                yield from iter_sse(response, OpenAIError, _SERVICE)
-        except httpx.TransportError as e:
-            raise connection_error(e, OpenAIError, _SERVICE, self.base_url) from None
-
     # ---- completions -------------------------------------------------------------------------
     def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self._need_completions("gen over the program's text")
         body = {"model": self.model, "prompt": prompt, **_params(sampling, chat=False)}
-        out = self._post("/completions", body)
+        out = self.service.post("/completions", body)
         choice = out["choices"][0]
         return choice.get("text") or "", _meta_info(out, choice, chat=False)
 
@@ -107,14 +83,14 @@ class OpenAI(Backend):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         self._need_completions("gen over the program's text")
         body = {"model": self.model, "prompt": prompt, **_params(sampling, chat=False)}
-        yield from _pieces(self._stream("/completions", _streaming(body)), chat=False)
+        yield from _pieces(self.service.events("/completions", _streaming(body)), chat=False)
 
     # ---- chat completions --------------------------------------------------------------------
     def generate_chat(
         self, messages: list[dict[str, Any]], sampling: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
         body = {"model": self.model, "messages": messages, **_params(sampling, chat=True)}
-        out = self._post("/chat/completions", body)
+        out = self.service.post("/chat/completions", body)
         choice = out["choices"][0]
         content = (choice.get("message") or {}).get("content")
         return content or "", _meta_info(out, choice, chat=True)
@@ -123,7 +99,7 @@ class OpenAI(Backend):
         self, messages: list[dict[str, Any]], sampling: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         body = {"model": self.model, "messages": messages, **_params(sampling, chat=True)}
-        yield from _pieces(self._stream("/chat/completions", _streaming(body)), chat=True)
+        yield from _pieces(self.service.events("/chat/completions", _streaming(body)), chat=True)
 
     # ---- select ------------------------------------------------------------------------------
     def select(
@@ -165,7 +141,7 @@ class OpenAI(Backend):
             "max_tokens": 0,
             "temperature": 0,
         }
-        out = self._post("/completions", body)
+        out = self.service.post("/completions", body)
         choices = sorted(out["choices"], key=lambda c: c.get("index", 0))
         if len(choices) != len(texts):
             raise OpenAIError(f"{_SERVICE} answered {len(texts)} prompts with {len(choices)}")
@@ -190,7 +166,7 @@ class OpenAI(Backend):
             )
 
     def shutdown(self) -> None:
-        self.client.close()
+        self.service.close()
 
     def __enter__(self) -> OpenAI:
         return self
