@@ -31,8 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
-from radixlang.runtime.engine import Engine
-from radixlang.runtime.model_runner import resolve_dtype
+from radixlang.runtime import Engine, resolve_dtype
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
-from radixlang.runtime.model_runner import ModelRunner, SequenceInput, resolve_dtype
+from radixlang.runtime import ModelRunner, SequenceInput, resolve_dtype
 
 
 def load_transformers(path: Path, dtype: torch.dtype) -> Any:

@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from radixlang.runtime.block_pool import BlockPool
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime import BlockPool, RadixCache
 
 VOCAB = 49152
 BLOCK_SIZE = 16

@@ -47,8 +47,8 @@ import httpx
 import torch
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
-from radixlang.runtime import metrics
-from radixlang.runtime.engine import Engine
+from radixlang.runtime import Engine
+from radixlang.server import metrics
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

@@ -21,9 +21,7 @@ from collections.abc import Callable
 import torch
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
-from radixlang.runtime.block_pool import BlockPool
-from radixlang.runtime.model_runner import ModelRunner, SequenceInput
-from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime import BlockPool, ModelRunner, RadixCache, SequenceInput
 
 SYSTEM = (
     "You are a careful assistant inside a radixlang program. Answer in one short paragraph, "

@@ -18,7 +18,7 @@ import contextlib
 import httpx
 
 import radixlang as sgl
-from radixlang.runtime.metrics import parse
+from radixlang.server.metrics import parse
 
 SYSTEM = "You are a friendly travel guide. Answer in one or two sentences."
 
@@ -39,8 +39,8 @@ def a_server(url: str | None):
     if url:
         yield url
         return
-    from radixlang.runtime.engine import Engine
-    from radixlang.runtime.server import serve_in_thread
+    from radixlang.runtime import Engine
+    from radixlang.server import serve_in_thread
 
     engine = Engine(dtype="bfloat16")
     with serve_in_thread(engine) as server:

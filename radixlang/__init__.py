@@ -1,11 +1,14 @@
 """radixlang: a Python language and local runtime for LLM programs.
 
 The frontend follows SGLang's names, so its programs run with ``import radixlang as sgl``.
+Three layers lie below: ``radixlang.lang`` (the language and its backends), ``radixlang.runtime``
+(the engine) and ``radixlang.server`` (HTTP); this module re-exports the language's public names
+and loads the backends on first use, so ``import radixlang`` loads no torch.
 """
 
 from typing import Any
 
-from radixlang.api import (
+from radixlang.lang.api import (
     assistant,
     assistant_begin,
     assistant_end,
@@ -21,14 +24,14 @@ from radixlang.api import (
     user_begin,
     user_end,
 )
-from radixlang.choices import (
+from radixlang.lang.choices import (
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixlang.function import Function, function
-from radixlang.run_options import get_default_backend, set_default_backend
-from radixlang.state import ProgramState, ProgramStateGroup
+from radixlang.lang.function import Function, function
+from radixlang.lang.run_options import get_default_backend, set_default_backend
+from radixlang.lang.state import ProgramState, ProgramStateGroup
 from radixlang.version import __version__
 
 
@@ -36,9 +39,9 @@ def __getattr__(name: str) -> Any:
     # Backends load on first use: the local runtime imports torch and the engine, the HTTP
     # backends httpx; ``import radixlang`` itself stays light.
     if name in ("Runtime", "RuntimeEndpoint", "OpenAI"):
-        import radixlang.backends
+        import radixlang.lang.backends
 
-        return getattr(radixlang.backends, name)
+        return getattr(radixlang.lang.backends, name)
     raise AttributeError(f"module 'radixlang' has no attribute {name!r}")
 
 

@@ -111,7 +111,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
     from radixlang.runtime.engine import Engine
-    from radixlang.runtime.server import serve
+    from radixlang.server.app import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine = Engine(

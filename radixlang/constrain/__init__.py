@@ -1,8 +1,9 @@
 """Constrained decoding: per-token masks that keep generated text inside a language.
 
-A leaf package: it imports torch, interegular and the standard library only, never the engine
-or the frontend. The engine sees a constraint through ``radixlang.runtime.constraint``'s
-``TokenConstraint`` protocol, which :class:`RegexConstraint` implements.
+The bottom layer, beside the kernels: it imports torch, interegular and the standard library
+only, never the runtime, the language or the server (pyproject's import-linter contracts).
+The engine sees a constraint through ``radixlang.runtime.constraint``'s ``TokenConstraint``
+protocol, which :class:`RegexConstraint` implements.
 """
 
 from radixlang.constrain.dtypes import DTYPE_REGEXES, dtype_regex

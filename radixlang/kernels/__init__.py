@@ -1,5 +1,8 @@
 """Paged-KV attention kernels: one API, a Triton path for GPUs and a torch path for CPUs.
 
+The bottom layer: it imports torch and triton only, never the runtime, the language or the
+server (pyproject's import-linter contracts).
+
 The path follows the tensors' device. ``RADIXLANG_KERNELS=torch`` forces the torch path
 everywhere; ``RADIXLANG_KERNELS=triton`` forces Triton (on CPU tensors that needs
 ``TRITON_INTERPRET=1`` set before Triton is imported, which is how CI tests the kernels).

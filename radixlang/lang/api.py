@@ -10,9 +10,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from radixlang.choices import ChoicesSamplingMethod, token_length_normalized
-from radixlang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
-from radixlang.run_options import get_default_backend
+from radixlang.lang.choices import ChoicesSamplingMethod, token_length_normalized
+from radixlang.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixlang.lang.run_options import get_default_backend
 
 
 def gen(

@@ -17,15 +17,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any
 
-from radixlang.backends.base import Backend
-from radixlang.interpreter import StateExecutor
-from radixlang.ir import SamplingDefaults
-from radixlang.run_options import get_default_backend, resolve_backend, split_run_kwargs
-from radixlang.state import ProgramState
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.interpreter import StateExecutor
+from radixlang.lang.ir import SamplingDefaults
+from radixlang.lang.run_options import get_default_backend, resolve_backend, split_run_kwargs
+from radixlang.lang.state import ProgramState
 
 if TYPE_CHECKING:
-    from radixlang.graph import CallGraph
-    from radixlang.tracer import CompiledFunction
+    from radixlang.lang.graph import CallGraph
+    from radixlang.lang.tracer import CompiledFunction
 
 
 class Function:
@@ -132,7 +132,7 @@ class Function:
         if not items:
             return []
         if precache and len(items) > 1:
-            from radixlang.tracer import shared_prompt_prefix
+            from radixlang.lang.tracer import shared_prompt_prefix
 
             prefix = shared_prompt_prefix(self, items, backend)
             if prefix:
@@ -166,12 +166,12 @@ class Function:
     # ---- tracing -------------------------------------------------------------------------------
     def trace(self, *, backend: Backend | None = None, **kwargs: Any) -> CallGraph:
         """The program's call graph; arguments not given are symbolic."""
-        from radixlang.tracer import trace_program
+        from radixlang.lang.tracer import trace_program
 
         return trace_program(self, kwargs, backend or get_default_backend())
 
     def compile(self, *, backend: Backend | None = None) -> CompiledFunction:
-        from radixlang.tracer import CompiledFunction
+        from radixlang.lang.tracer import CompiledFunction
 
         return CompiledFunction(self, backend)
 

@@ -16,9 +16,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from radixlang.backends.base import Backend
-from radixlang.chat_template import ChatTemplate
-from radixlang.ir import (
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.chat_template import ChatTemplate
+from radixlang.lang.ir import (
     ConcatenateAndAppend,
     Expr,
     ExprList,

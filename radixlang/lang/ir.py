@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixlang.choices import ChoicesSamplingMethod
+    from radixlang.lang.choices import ChoicesSamplingMethod
 
 _ids = itertools.count()
 

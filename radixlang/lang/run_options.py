@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from radixlang.backends.base import Backend
-from radixlang.ir import SamplingDefaults
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.ir import SamplingDefaults
 
 _SAMPLING_KWARGS = {f.name for f in dataclasses.fields(SamplingDefaults)}
 # SGLang's run() keywords that mean nothing here (one completion per gen; states run on threads).

@@ -1,6 +1,6 @@
 """What a program sees as ``s``: its text, messages and variables, and how to branch it.
 
-``ProgramState`` wraps a :class:`~radixlang.interpreter.StateExecutor`; ``fork(n)`` makes a
+``ProgramState`` wraps a :class:`~radixlang.lang.interpreter.StateExecutor`; ``fork(n)`` makes a
 ``ProgramStateGroup`` of states that start from the same text and run concurrently, and
 ``join()`` brings their results back (new variables as lists, or their text appended).
 """
@@ -11,8 +11,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from radixlang.interpreter import StateExecutor
-from radixlang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
+from radixlang.lang.interpreter import StateExecutor
+from radixlang.lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
 
 
 class ProgramState:

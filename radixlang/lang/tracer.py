@@ -9,7 +9,7 @@ s["x"] == ...``, ``int(s["n"])``) cannot be traced, and says so.
 
 The recording serves three uses:
 
-- :func:`trace_program` returns the :class:`~radixlang.graph.CallGraph`;
+- :func:`trace_program` returns the :class:`~radixlang.lang.graph.CallGraph`;
 - :class:`CompiledFunction` replays it on real states (forks included) without re-running
   the Python, substituting the arguments and generated values;
 - :func:`shared_prompt_prefix` traces each ``run_batch`` item up to its first generation and
@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from radixlang.backends.base import Backend
-from radixlang.chat_template import PLAIN
-from radixlang.graph import CallGraph, _short
-from radixlang.interpreter import StateExecutor
-from radixlang.ir import (
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.chat_template import PLAIN
+from radixlang.lang.graph import CallGraph, _short
+from radixlang.lang.interpreter import StateExecutor
+from radixlang.lang.ir import (
     Expr,
     ExprList,
     Gen,
@@ -42,8 +42,8 @@ from radixlang.ir import (
     VarScopeEnd,
     as_expr,
 )
-from radixlang.run_options import resolve_backend, split_run_kwargs
-from radixlang.state import ProgramState
+from radixlang.lang.run_options import resolve_backend, split_run_kwargs
+from radixlang.lang.state import ProgramState
 
 _MARK = "\x1f"
 _MARKER = re.compile(_MARK + r"(arg|var):(\d+):([^" + _MARK + r"]*)" + _MARK)

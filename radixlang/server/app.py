@@ -2,11 +2,11 @@
 
 Routes:
 
-- SGLang's native API: ``POST /generate`` (see ``http_native``), ``GET /get_model_info``,
+- SGLang's native API: ``POST /generate`` (see ``native``), ``GET /get_model_info``,
   ``GET /get_server_info`` (and ``/server_info``), ``POST /flush_cache``,
   ``POST /abort_request``, ``POST /concate_and_append_request``;
 - the OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
-  (see ``http_openai``);
+  (see ``openai``);
 - operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text),
   ``POST /tokenize``, ``POST /detokenize``.
 
@@ -38,11 +38,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from radixlang.runtime import http_native, metrics
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.http_common import APIError, TokenTexts, read_body, submit_all
-from radixlang.runtime.http_openai import OpenAIRoutes
 from radixlang.runtime.request import FinishReason, GenerateRequest
+from radixlang.server import metrics, native
+from radixlang.server.common import APIError, TokenTexts, read_body, submit_all
+from radixlang.server.openai import OpenAIRoutes
 from radixlang.version import __version__
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def create_app(
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        return await http_native.generate(request, engine, texts)
+        return await native.generate(request, engine, texts)
 
     app.add_api_route("/v1/completions", openai.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", openai.chat, methods=["POST"])

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from radixlang.runtime.http_common import (
+from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult, TopLogprobs
+from radixlang.server.common import (
     SSE_DONE,
     APIError,
     TokenTexts,
@@ -28,7 +29,6 @@ from radixlang.runtime.http_common import (
     sse,
     submit_all,
 )
-from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult, TopLogprobs
 
 # SGLang sampling keys this server accepts only at their "off" value (a clear 400 otherwise).
 _UNSUPPORTED_UNLESS_OFF = {

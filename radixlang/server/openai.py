@@ -20,7 +20,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from radixlang.runtime.http_common import (
+from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult
+from radixlang.server.common import (
     SSE_DONE,
     APIError,
     TokenTexts,
@@ -31,7 +32,6 @@ from radixlang.runtime.http_common import (
     sse,
     submit_all,
 )
-from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
 MAX_TOP_LOGPROBS = 20

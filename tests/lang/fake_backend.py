@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixlang.backends.base import Backend
-from radixlang.chat_template import ChatTemplate
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.chat_template import ChatTemplate
+from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 
 CHATML = ChatTemplate(
     name="chatml",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jinja2
 
-from radixlang.chat_template import PLAIN, from_jinja, from_tokenizer
+from radixlang.lang.chat_template import PLAIN, from_jinja, from_tokenizer
 
 
 class JinjaTokenizer:

@@ -9,7 +9,7 @@ import pytest
 from fake_backend import FakeBackend
 
 import radixlang as sgl
-from radixlang.interpreter import ProgramError
+from radixlang.lang.interpreter import ProgramError
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from fake_backend import FakeBackend
 
 import radixlang as sgl
-from radixlang.tracer import TracingError
+from radixlang.lang.tracer import TracingError
 
 
 @sgl.function

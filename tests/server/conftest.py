@@ -18,7 +18,7 @@ def engine(chat_model_dir):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    from radixlang.runtime.server import serve_in_thread
+    from radixlang.server.app import serve_in_thread
 
     with serve_in_thread(engine) as srv:
         yield srv

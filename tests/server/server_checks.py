@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from radixlang.runtime.metrics import parse
+from radixlang.server.metrics import parse
 
 
 def metrics(client: httpx.Client) -> dict[str, float]:

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def served():
-    from radixlang.backends.local import LocalBackend
+    from radixlang.lang.backends.local import LocalBackend
     from radixlang.runtime.engine import Engine
-    from radixlang.runtime.server import serve_in_thread
+    from radixlang.server.app import serve_in_thread
 
     # float32 and a flushed cache for each run: greedy text then does not depend on which
     # prefix was cached or how the branches' requests were batched.

@@ -220,7 +220,7 @@ def test_tokenize_and_detokenize(client, engine):
 
 
 def test_api_key_guards_every_route_but_health_and_metrics(engine):
-    from radixlang.runtime.server import serve_in_thread
+    from radixlang.server.app import serve_in_thread
 
     with serve_in_thread(engine, api_key="sesame") as srv, httpx.Client(base_url=srv.url) as c:
         body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}

@@ -74,7 +74,7 @@ def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
 
 def test_shutdown_past_the_drain_timeout_aborts_and_frees_every_block(chat_model_dir):
     from radixlang.runtime.engine import Engine
-    from radixlang.runtime.server import ServerThread
+    from radixlang.server.app import ServerThread
 
     engine = Engine(str(chat_model_dir), kv_memory="16MiB", dtype="float32")
     server = ServerThread(engine, owns_engine=True, drain_timeout=0.5)
@@ -105,7 +105,7 @@ def test_shutdown_past_the_drain_timeout_aborts_and_frees_every_block(chat_model
 
 def test_overload_is_refused_with_503_and_cors_is_answered(chat_model_dir):
     from radixlang.runtime.engine import Engine
-    from radixlang.runtime.server import serve_in_thread
+    from radixlang.server.app import serve_in_thread
 
     # One request runs at a time, so the others queue.
     engine = Engine(str(chat_model_dir), kv_memory="16MiB", max_running_requests=1)

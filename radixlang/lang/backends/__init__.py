@@ -1,30 +1,40 @@
-"""Where a program's generation calls go: the local engine, a radixlang/SGLang server
-(``RuntimeEndpoint``), or an OpenAI-compatible service (``OpenAI``).
+"""Where a program's generation calls go: the local engine (``Runtime``), a radixlang/SGLang
+server (``RuntimeEndpoint``), or an OpenAI-compatible service (``OpenAI``).
 
-Imported on first use: the local backend loads torch and the engine, the HTTP ones httpx.
+The one door from the language to the engine: only ``local.py`` imports ``radixlang.runtime``;
+the HTTP backends speak to a server over httpx and import neither the runtime nor the server.
+Each loads on first use: the local backend brings torch and the engine, the HTTP ones httpx.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from radixlang.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from radixlang.lang.backends.base import Backend
+    from radixlang.lang.backends.endpoint import EndpointError, RuntimeEndpoint
+    from radixlang.lang.backends.local import LocalBackend, Runtime
+    from radixlang.lang.backends.openai import OpenAI, OpenAIError
 
 _EXPORTS = {
-    "Backend": "radixlang.backends.base",
-    "LocalBackend": "radixlang.backends.local",
-    "Runtime": "radixlang.backends.local",
-    "RuntimeEndpoint": "radixlang.backends.endpoint",
-    "EndpointError": "radixlang.backends.endpoint",
-    "OpenAI": "radixlang.backends.openai",
-    "OpenAIError": "radixlang.backends.openai",
+    "Backend": "radixlang.lang.backends.base",
+    "LocalBackend": "radixlang.lang.backends.local",
+    "Runtime": "radixlang.lang.backends.local",
+    "RuntimeEndpoint": "radixlang.lang.backends.endpoint",
+    "EndpointError": "radixlang.lang.backends.endpoint",
+    "OpenAI": "radixlang.lang.backends.openai",
+    "OpenAIError": "radixlang.lang.backends.openai",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'radixlang.backends' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "Backend",
+    "EndpointError",
+    "LocalBackend",
+    "OpenAI",
+    "OpenAIError",
+    "Runtime",
+    "RuntimeEndpoint",
+]

@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixlang.chat_template import PLAIN, ChatTemplate
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixlang.lang.chat_template import PLAIN, ChatTemplate
+from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 
 
 class Backend(ABC):

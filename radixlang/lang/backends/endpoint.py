@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from radixlang.backends.base import Backend
-from radixlang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
-from radixlang.chat_template import PLAIN, ChatTemplate, from_jinja
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
+from radixlang.lang.chat_template import PLAIN, ChatTemplate, from_jinja
+from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 
 _SERVER = "the server"
 # Fields of a /generate request that SGLang takes beside sampling_params, not inside it.
@@ -103,7 +103,7 @@ class RuntimeEndpoint(Backend):
         method: ChoicesSamplingMethod,
     ) -> ChoicesDecision:
         """Score every choice in one batched request over the cached prompt, as
-        :meth:`LocalBackend.select <radixlang.backends.local.LocalBackend.select>` does: from
+        :meth:`LocalBackend.select <radixlang.lang.backends.local.LocalBackend.select>` does: from
         the first position where any choice's tokenization of ``prompt + choice`` departs from
         the prompt's own, the same position for all. Without a tokenizer here, the server's
         token ids for the prompt's last few positions show where that is."""

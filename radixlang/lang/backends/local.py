@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from radixlang.backends.base import Backend
-from radixlang.chat_template import ChatTemplate, from_tokenizer
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.chat_template import ChatTemplate, from_tokenizer
+from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import GenerateRequest, GenerationResult

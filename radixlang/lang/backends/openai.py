@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from radixlang.backends.base import Backend
-from radixlang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
-from radixlang.chat_template import PLAIN, ChatTemplate
-from radixlang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.backends.base import Backend
+from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
+from radixlang.lang.chat_template import PLAIN, ChatTemplate
+from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 
 _SERVICE = "the OpenAI-compatible service"
 # Engine name -> (request name, default): sent only when a program sets another value.

@@ -20,7 +20,7 @@ def engine(chat_model_dir):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    from radixlang.runtime.server import serve_in_thread
+    from radixlang.server.app import serve_in_thread
 
     with serve_in_thread(engine, host="127.0.0.1", port=0) as server:
         yield server
@@ -28,7 +28,7 @@ def server(engine):
 
 @pytest.fixture(scope="session")
 def local(engine):
-    from radixlang.backends.local import LocalBackend
+    from radixlang.lang.backends.local import LocalBackend
 
     # Not shut down here: the engine fixture owns the engine.
     return LocalBackend(engine)

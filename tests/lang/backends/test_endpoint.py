@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 import radixlang as sgl
-from radixlang.backends.endpoint import EndpointError, RuntimeEndpoint
-from radixlang.chat_template import PLAIN, ChatTemplate
+from radixlang.lang.backends.endpoint import EndpointError, RuntimeEndpoint
+from radixlang.lang.chat_template import PLAIN, ChatTemplate
 
 CHATML_JINJA = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"

@@ -12,9 +12,9 @@ import radixlang
 assert "torch" not in sys.modules, "import radixlang loaded torch"
 assert "httpx" not in sys.modules, "import radixlang loaded httpx"
 from radixlang import OpenAI, RuntimeEndpoint
-from radixlang.backends import EndpointError, OpenAIError
-assert RuntimeEndpoint.__module__ == "radixlang.backends.endpoint"
-assert OpenAI.__module__ == "radixlang.backends.openai"
+from radixlang.lang.backends import EndpointError, OpenAIError
+assert RuntimeEndpoint.__module__ == "radixlang.lang.backends.endpoint"
+assert OpenAI.__module__ == "radixlang.lang.backends.openai"
 assert issubclass(EndpointError, RuntimeError) and issubclass(OpenAIError, RuntimeError)
 assert "torch" not in sys.modules, "the HTTP backends loaded torch"
 assert not any(m.startswith("radixlang.runtime") for m in sys.modules), "they loaded the engine"

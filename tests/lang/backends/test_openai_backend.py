@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 import radixlang as sgl
-from radixlang.backends.openai import OpenAI, OpenAIError
-from radixlang.interpreter import ProgramError
+from radixlang.lang.backends.openai import OpenAI, OpenAIError
+from radixlang.lang.interpreter import ProgramError
 
 
 class ScriptedService:
