@@ -3,8 +3,8 @@
 Layout. A node covers the absolute token positions ``[start, end)`` of every sequence that
 passes through it, and holds one block id for each block index its positions touch
 (``start // block_size`` to ``(end - 1) // block_size``). Where a node starts inside a block,
-that first block is also held by its parent (the same id, when one writer filled both) or is a
-copy the child's writer made (copy-on-write). The rule that makes reads correct: the block a node
+that first block is also held by an ancestor (the same id, when one writer filled both: usually
+the parent, sometimes higher up) or is a copy the child's writer made (copy-on-write). The rule that makes reads correct: the block a node
 holds at index ``i`` has valid KV for every position of block ``i`` up to the node's end,
 including positions of its ancestors. The block table of a path therefore takes, for each
 index, the block of the deepest node that touches it.
@@ -371,11 +371,11 @@ class RadixCache:
         for node, stamp in candidates.items():
             _expect((stamp, node.id) in live, f"leaf {node.id} has no live heap entry")
         for b, hs in holders.items():
-            if len(hs) > 1:  # one block, several nodes: a parent-child chain at one index
+            if len(hs) > 1:  # one block, several nodes: an ancestor chain at one index
                 _expect(len({i for _, i in hs}) == 1, f"block {b} held at two block indices")
                 chain = sorted((n for n, _ in hs), key=lambda n: n.start)
                 for up, down in pairwise(chain):
-                    _expect(down.parent is up, f"block {b} shared by nodes not parent and child")
+                    _expect(_is_ancestor(up, down), f"block {b} shared by nodes on two branches")
         tree_refs = Counter({b: len(hs) for b, hs in holders.items()})
         if external_refs is None:
             for b, k in tree_refs.items():
@@ -487,14 +487,24 @@ class RadixCache:
         return upper
 
     def _count_own_blocks(self, node: _Node) -> int:
-        parent = node.parent
-        shares_first = (
-            parent is not None
-            and parent is not self.root
-            and node.start % self.block_size != 0
-            and parent.blocks[-1] == node.blocks[0]
-        )
-        return len(node.blocks) - int(shares_first)
+        """Blocks of ``node`` that no ancestor also holds: what evicting it would free.
+
+        Only a node that starts inside a block can share one, its first, with the ancestors
+        whose last block has the same index. Usually that is the parent (a split, or a writer
+        extending its own insert), but it can be a higher one: a writer that extends its own
+        earlier insert after another request inserted the same next tokens in a block of its
+        own puts its block under that request's node, whose block at the index differs.
+        """
+        bs = self.block_size
+        if node.start % bs == 0:
+            return len(node.blocks)
+        first = node.start // bs
+        up = node.parent
+        while up is not None and up is not self.root and (up.end - 1) // bs == first:
+            if up.blocks[-1] == node.blocks[0]:
+                return len(node.blocks) - 1
+            up = up.parent
+        return len(node.blocks)
 
     def _block_table(self, path: list[_Node]) -> list[int]:
         table: list[int] = []
@@ -538,6 +548,15 @@ class RadixCache:
     @staticmethod
     def _ordered_children(node: _Node) -> list[_Node]:
         return sorted(node.children.values(), key=lambda c: c.tokens[0])
+
+
+def _is_ancestor(up: _Node, down: _Node) -> bool:
+    node = down.parent
+    while node is not None:
+        if node is up:
+            return True
+        node = node.parent
+    return False
 
 
 def _expect(condition: bool, message: str) -> None:

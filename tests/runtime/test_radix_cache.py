@@ -166,6 +166,32 @@ def test_insert_extending_a_leaf_from_inside_its_last_block():
     cache.check_integrity({})
 
 
+def test_writer_extending_its_insert_under_another_writers_identical_tokens():
+    # Seen with constrained decoding, where many requests emit the same tokens: writer A caches
+    # [1..6] and keeps writing in its own block 1; writer B, which copied that block on write,
+    # inserts the same next token (7) and a different one (8) under A's node. A then inserts
+    # [1..6, 7, 9]: its new leaf (from position 7) holds A's block 1, which A's first node
+    # holds too, while the node between them (B's, from 6) holds B's copy at that index.
+    cache, store = make_cache()
+    a = serve(cache, store, [1, 2, 3, 4, 5, 6])
+    b = serve(cache, store, [1, 2, 3, 4, 5, 6, 7, 8])
+    assert b.blocks[1] != a.blocks[1]
+    a_tokens = [1, 2, 3, 4, 5, 6, 7, 9]
+    store.write(a_tokens, a.blocks, 6)
+    assert cache.insert(a_tokens, a.blocks) == 7
+    # A's block 1 is held by two nodes on one ancestor chain: it is counted once.
+    cache.check_integrity(held_refs(a, b))
+    total = cache.evictable_size() + cache.protected_size()
+    assert total == len({*a.blocks, *b.blocks})
+    release(cache, a)
+    release(cache, b)
+    for tokens in (a_tokens, b.tokens):
+        m = cache.match_prefix(tokens)
+        assert m.length == 8 and store.read_ok(tokens, m.blocks, 8)
+    cache.check_integrity({})
+    assert cache.evict(100) and cache.pool.num_free == cache.pool.num_blocks
+
+
 def test_insert_needs_a_block_per_block_of_tokens():
     cache, _ = make_cache()
     with pytest.raises(ValueError, match="need 3 blocks"):
