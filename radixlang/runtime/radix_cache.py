@@ -3,11 +3,12 @@
 Layout. A node covers the absolute token positions ``[start, end)`` of every sequence that
 passes through it, and holds one block id for each block index its positions touch
 (``start // block_size`` to ``(end - 1) // block_size``). Where a node starts inside a block,
-that first block is also held by an ancestor (the same id, when one writer filled both: usually
-the parent, sometimes higher up) or is a copy the child's writer made (copy-on-write). The rule that makes reads correct: the block a node
-holds at index ``i`` has valid KV for every position of block ``i`` up to the node's end,
-including positions of its ancestors. The block table of a path therefore takes, for each
-index, the block of the deepest node that touches it.
+that first block is also held by an ancestor (the same id, when one writer filled both:
+usually the parent, sometimes higher up) or is a copy the child's writer made (copy-on-write).
+The rule that makes reads correct: the block a node holds at index ``i`` has valid KV for every
+position of block ``i`` up to the node's end, including positions of its ancestors. The block
+table of a path therefore takes, for each index, the block of the deepest node that touches
+it.
 
 Ownership. The tree holds one pool reference per (node, block). ``insert`` adds the tree's own
 references and never takes the caller's: the caller drops its references when it is done, and
