@@ -86,6 +86,25 @@ class TokenVocabulary:
     def num_usable(self) -> int:
         return sum(s is not None for s in self.text)
 
+    def extending(self, text: str) -> list[int] | None:
+        """The usable tokens whose text starts with ``text``, if some of them are longer than
+        ``text`` (so a sequence ending in ``text`` may be a cut-off longer token); else None."""
+        node = self.root
+        for ch in text:
+            nxt = node.children.get(ch)
+            if nxt is None:
+                return None
+            node = nxt
+        if not node.children:
+            return None
+        found: list[int] = []
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            found.extend(n.tokens)
+            stack.extend(n.children.values())
+        return found
+
 
 def _special_ids(tokenizer: Any) -> set[int]:
     ids: set[int] = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or ()}

@@ -62,7 +62,10 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] = (),
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        skip_text: str = "",
     ) -> None:
+        """``skip_text`` is text the output begins with that is not output: token healing drops
+        the prompt's last token and makes the first output token start with its text."""
         if isinstance(stop, str):
             raise TypeError("stop must be a sequence of strings, not a single string")
         if any(not s for s in stop):
@@ -86,7 +89,8 @@ class IncrementalDetokenizer:
         self._window: list[int] = context
         self._read = len(context)  # window[:read] is context; window[read:] is not out yet
         self._context_text = context_text  # decode(window[:read])
-        self._moved = 0  # chars of decode(window) past the context text already in the text
+        # Chars of decode(window) past the context text already in the text (or skipped).
+        self._moved = len(skip_text)
 
         self._released: list[str] = []  # text returned to the caller, in pieces
         self._tail = ""  # text not returned yet: held back as a possible stop prefix

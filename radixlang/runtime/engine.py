@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from radixlang.constrain import ConstraintError, get_regex_guide
+from radixlang.constrain import ConstraintError, compile_grammar, token_vocabulary
 from radixlang.models import DEFAULT_MODEL, ModelFiles
 from radixlang.runtime.block_pool import BlockPool, blocks_for
 from radixlang.runtime.constraint import TokenConstraint
@@ -96,8 +96,15 @@ class Engine:
         seed: int = 0,
         background: bool = True,
         check_integrity_every_step: bool = False,
+        jump_forward: bool = True,
     ) -> None:
         self.check_integrity_every_step = check_integrity_every_step
+        # Jump-forward decoding: text a request's grammar forces is appended at once and
+        # computed in the next step's extend, instead of one decode step per token.
+        self.jump_forward = jump_forward
+        self._jump_forward_tokens = 0
+        self._jump_forward_jumps = 0
+        self._mask_seconds: collections.deque[float] = collections.deque(maxlen=2048)
         self._generator = torch.Generator().manual_seed(seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
@@ -200,6 +207,11 @@ class Engine:
         prompt_ids = self._prompt_ids(request)
         self._check_fits(prompt_ids, params)
         constraint = self._constraint(request, params)
+        healed, first_token_mask = "", None
+        if params.token_healing and constraint is None and request.text is not None:
+            healed, first_token_mask = self._token_healing(prompt_ids)
+            if first_token_mask is not None:
+                prompt_ids = prompt_ids[:-1]
         rid = request.request_id or uuid.uuid4().hex
         req = Req(
             rid=rid,
@@ -207,15 +219,25 @@ class Engine:
             params=params,
             stop_ids=frozenset(params.stop_token_ids)
             | (frozenset() if params.ignore_eos else self.eos_token_ids),
-            max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids)),
+            # A healed token re-decides the prompt's last one: it does not count against the
+            # limit, so a model that picks the same token gives the same text as without.
+            max_new_tokens=min(
+                params.max_new_tokens + (first_token_mask is not None),
+                self.max_context - len(prompt_ids),
+            ),
             generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
             constraint=constraint,
+            first_token_mask=first_token_mask,
         )
         detokenizer = None
         if self.tokenizer is not None:
             try:
                 detokenizer = IncrementalDetokenizer(
-                    self.tokenizer, prompt_ids, params.stop, params.skip_special_tokens
+                    self.tokenizer,
+                    prompt_ids,
+                    params.stop,
+                    params.skip_special_tokens,
+                    skip_text=healed,
                 )
             except (TypeError, ValueError) as e:
                 raise RequestError(f"stop: {e}") from None
@@ -303,6 +325,16 @@ class Engine:
         s["tokens_per_second"] = sum(n for _, n in recent) / span if span > 0 else 0.0
         s["busy_tokens_per_second"] = (
             self._generated_tokens / self._busy_seconds if self._busy_seconds else 0.0
+        )
+        # Jump-forward: tokens appended without a decode step of their own (each one a forward
+        # pass that request did not need), and how many jumps carried them.
+        s["jump_forward_tokens"] = self._jump_forward_tokens
+        s["jump_forward_jumps"] = self._jump_forward_jumps
+        masks = sorted(self._mask_seconds)
+        s["grammar_mask_steps"] = len(masks)
+        s["grammar_mask_ms_p50"] = 1e3 * masks[len(masks) // 2] if masks else 0.0
+        s["grammar_mask_ms_p99"] = (
+            1e3 * masks[min(len(masks) - 1, int(0.99 * len(masks)))] if masks else 0.0
         )
         return s
 
@@ -400,16 +432,45 @@ class Engine:
                 self._complete(req)
         if any(chunks[i].req.constraint is not None for i in sampled):
             sampled, rows = self._constrained_rows(chunks, sampled, out.logits.shape[-1])
-        else:  # no constraint in the batch: no per-row work at all
-            rows = [self._sampling_row(chunks[i].req) for i in sampled]
+        else:  # no constraint in the batch: no per-row work beyond token healing's first mask
+            rows = [
+                self._sampling_row(chunks[i].req, _first_token_mask(chunks[i].req)) for i in sampled
+            ]
         if not sampled:
             return 0
         picks = sample(out.logits[sampled], rows, self._generator)
+        appended = len(sampled)
         for row, i in enumerate(sampled):
+            req = chunks[i].req
             self._append_token(
-                chunks[i].req, picks.token_ids[row], picks.logprobs[row], picks.top_logprobs[row]
+                req, picks.token_ids[row], picks.logprobs[row], picks.top_logprobs[row]
             )
-        return len(sampled)
+            if self.jump_forward and req.constraint is not None and req.finish_reason is None:
+                appended += self._jump_forward(req)
+        return appended
+
+    def _jump_forward(self, req: Req) -> int:
+        """Append the tokens ``req``'s constraint forces from here; the next step computes them
+        in one extend. Requests that want logprobs decode them one by one, so that every output
+        token has the model's logprob."""
+        forced_tokens = getattr(req.constraint, "forced_tokens", None)
+        if forced_tokens is None or req.params.return_logprob:
+            return 0
+        try:
+            forced = forced_tokens()
+        except Exception as e:
+            self._fail_constraint(req, e)
+            return 0
+        appended = 0
+        for token in forced[: req.max_new_tokens - req.num_output]:
+            if req.finish_reason is not None:
+                break
+            self._append_token(req, token, None, None)
+            appended += 1
+        if appended:
+            self._jump_forward_tokens += appended
+            self._jump_forward_jumps += 1
+        return appended
 
     @staticmethod
     def _sampling_row(
@@ -429,7 +490,8 @@ class Engine:
     ) -> tuple[list[int], list[SamplingRow]]:
         """Sampling rows with each constraint's mask; requests whose constraint is done (or
         broken) are finished here instead of sampled, and left out."""
-        masks: dict[int, torch.Tensor] = {}
+        masks: dict[int, torch.Tensor | None] = {}
+        batched: dict[type, list[int]] = collections.defaultdict(list)
         for i in sampled:
             req = chunks[i].req
             if req.constraint is None:
@@ -440,19 +502,19 @@ class Engine:
                     self._complete(req)
                 elif _may_end(req):
                     masks[i] = None  # the model may end the match: see TokenConstraint
+                elif hasattr(type(req.constraint), "batch_allowed_masks"):
+                    batched[type(req.constraint)].append(i)
                 else:
                     masks[i] = _fit_mask(req.constraint.allowed_mask(), width)
             except Exception as e:  # this request's constraint failed: fail it, not the batch
                 self._fail_constraint(req, e)
-        masked = [i for i, m in masks.items() if m is not None]
-        if masked:  # one reduction for all rows: a mask that allows nothing fails its request
-            alive = torch.stack([masks[i] for i in masked]).any(dim=1).tolist()
-            for i, ok in zip(masked, alive, strict=True):
-                if not ok:
-                    del masks[i]
-                    self._fail_constraint(
-                        chunks[i].req, ConstraintError("the constraint allows no token here")
-                    )
+        for kind, rows in batched.items():
+            masks.update(self._batch_masks(kind, [chunks[i].req for i in rows], rows, width))
+        for i in [i for i, m in masks.items() if m is not None and not m.any()]:
+            del masks[i]  # a mask that allows nothing fails its request
+            self._fail_constraint(
+                chunks[i].req, ConstraintError("the constraint allows no token here")
+            )
         keep: list[int] = []
         rows: list[SamplingRow] = []
         for i in sampled:
@@ -475,6 +537,31 @@ class Engine:
             keep.append(i)
             rows.append(self._sampling_row(req, mask, stop_ids))
         return keep, rows
+
+    def _batch_masks(
+        self, kind: type, reqs: list[Req], rows: list[int], width: int
+    ) -> dict[int, torch.Tensor]:
+        """One call fills the masks of every row whose constraint is of class ``kind``; if it
+        fails, each row is tried alone so that only the broken constraint fails its request."""
+        started = time.perf_counter()
+        try:
+            filled = kind.batch_allowed_masks([r.constraint for r in reqs], width)
+            alive = filled.any(dim=1).tolist()  # one reduction for the batch
+            out = {i: filled[j] for j, i in enumerate(rows) if alive[j]}
+            for j, req in enumerate(reqs):
+                if not alive[j]:
+                    self._fail_constraint(
+                        req, ConstraintError("the constraint allows no token here")
+                    )
+        except Exception:
+            out = {}
+            for req, i in zip(reqs, rows, strict=True):
+                try:
+                    out[i] = kind.batch_allowed_masks([req.constraint], width)[0]
+                except Exception as e:
+                    self._fail_constraint(req, e)
+        self._mask_seconds.append(time.perf_counter() - started)
+        return out
 
     def _ends_before(self, req: Req, token: int) -> bool:
         """End ``req`` without ``token`` when its constraint is complete and the token would
@@ -549,6 +636,8 @@ class Engine:
             [top] if req.params.return_logprob else [],
             finished=reason is not None,
             finish_reason=reason,
+            prompt_tokens=req.prompt_len,
+            cached_tokens=req.cached_tokens,
         )
         handle = self._handles.get(req.rid)
         if handle is not None:
@@ -719,27 +808,48 @@ class Engine:
     def _constraint(
         self, request: GenerateRequest, params: SamplingParams
     ) -> TokenConstraint | None:
-        """The request's constraint: its own, or one compiled from ``params.regex``."""
+        """The request's constraint: its own, or one compiled from the sampling parameters'
+        regex, json_schema, ebnf or grammar (compiled on the caller's thread, not the engine's).
+        """
         if request.constraint is not None:
-            if params.regex is not None:
-                raise RequestError("give either sampling regex or a constraint, not both")
+            if params.structured_output is not None:
+                kind = params.structured_output[0]
+                raise RequestError(f"give either sampling {kind} or a constraint, not both")
             if not isinstance(request.constraint, TokenConstraint):
                 raise RequestError(
                     "constraint must have allowed_mask(), advance(token_id) and is_finished(), "
                     f"got {type(request.constraint).__name__}"
                 )
             return request.constraint
-        if params.regex is None:
+        structured = params.structured_output
+        if structured is None:
             return None
+        kind, source = structured
         if self.tokenizer is None:
-            raise RequestError(f"regex needs a tokenizer; model {self.files.name} has none")
+            raise RequestError(f"{kind} needs a tokenizer; model {self.files.name} has none")
         try:
-            guide = get_regex_guide(
-                params.regex, self.tokenizer, self.eos_token_ids, self.runner.vocab_size
+            grammar = compile_grammar(
+                kind, source, self.tokenizer, self.runner.vocab_size, self.eos_token_ids
             )
         except ConstraintError as e:
-            raise RequestError(f"regex: {e}") from None
-        return guide.new_constraint()
+            raise RequestError(f"{kind}: {e}") from None
+        return grammar.new_constraint()
+
+    def _token_healing(self, prompt_ids: list[int]) -> tuple[str, torch.Tensor | None]:
+        """``(text, mask)`` when the prompt's last token may be a cut-off longer token: its
+        text, and the tokens that start with it (the first output token must be one). A
+        prompt that ends on a clean boundary gets ``("", None)`` and is left as it is."""
+        if len(prompt_ids) < 2:
+            return "", None
+        vocab = token_vocabulary(self.tokenizer, self.runner.vocab_size)
+        last = prompt_ids[-1]
+        text = vocab.text[last] if 0 <= last < len(vocab.text) else None
+        ids = vocab.extending(text) if text else None
+        if not ids:
+            return "", None
+        mask = torch.zeros(self.runner.vocab_size, dtype=torch.bool)
+        mask[ids] = True
+        return text, mask
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
         if (request.text is None) == (request.input_ids is None):
@@ -799,6 +909,11 @@ def _load_tokenizer(files: ModelFiles) -> Any | None:
 def _may_end(req: Req) -> bool:
     may_end = getattr(req.constraint, "may_end", None)
     return may_end is not None and req.num_output >= req.params.min_new_tokens and bool(may_end())
+
+
+def _first_token_mask(req: Req) -> torch.Tensor | None:
+    """Token healing's mask while the request has no output yet; None after (or without)."""
+    return req.first_token_mask if req.num_output == 0 else None
 
 
 def _fit_mask(mask: torch.Tensor, width: int) -> torch.Tensor:

@@ -52,6 +52,9 @@ class StreamEvent:
     top_logprobs: list[TopLogprobs | None]
     finished: bool = False
     finish_reason: FinishReason | None = None
+    # The prompt's tokens and how many of them came from the cache (known once admitted).
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -121,6 +124,8 @@ class Req:
     generator: torch.Generator | None = None
     # Advanced once per sampled token (never again on a re-run after a retraction).
     constraint: TokenConstraint | None = None
+    # Token healing: bool [vocab], the tokens the first output token may be (None: any).
+    first_token_mask: torch.Tensor | None = None
     # Log-probabilities.
     output_logprobs: list[float | None] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)

@@ -62,6 +62,10 @@ def _check_bool(name: str, value: object) -> bool:
     return value
 
 
+# The sampling fields that constrain the output's form, each a kind radixlang.constrain compiles.
+STRUCTURED_OUTPUT = ("regex", "json_schema", "ebnf", "grammar")
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling parameters (SGLang names and semantics).
@@ -89,8 +93,17 @@ class SamplingParams:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # -1: no prompt logprobs; else prompt logprobs from this position
-    # The output must fully match this regex (compiled by the engine into per-token masks).
+    # Structured output: at most one of these. The output must fully match the regex, be JSON
+    # valid under the schema (a dict or its JSON text), or be a sentence of the grammar (EBNF as
+    # SGLang takes it, or Lark syntax); the engine compiles it into per-token masks.
     regex: str | None = None
+    json_schema: str | dict | None = None
+    ebnf: str | None = None
+    grammar: str | None = None
+    # Token healing (text prompts, unconstrained output): a prompt whose last token is a prefix
+    # of longer tokens (it ends in "http:" or a space) drops that token, and the first output
+    # token must start with its text, which is left out of the output text.
+    token_healing: bool = False
     # OpenAI's logit_bias: token id -> a value in [-100, 100] added to its logit before
     # sampling (-100 all but bans a token, +100 all but forces it). JSON's string keys are
     # accepted and turned into ints.
@@ -161,10 +174,33 @@ class SamplingParams:
                 f"logprob_start_len must be -1 (off) or >= 0, got {self.logprob_start_len}"
             )
         self.logit_bias = self._normalise_logit_bias(self.logit_bias)
-        if self.regex is not None and not isinstance(self.regex, str):
+        for name in ("regex", "ebnf", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise SamplingParamsError(
+                    f"{name} must be a str or None, got {type(value).__name__} {value!r}"
+                )
+        if self.json_schema is not None and not isinstance(self.json_schema, str | dict):
             raise SamplingParamsError(
-                f"regex must be a str or None, got {type(self.regex).__name__} {self.regex!r}"
+                "json_schema must be a JSON-schema object or its JSON text, got "
+                f"{type(self.json_schema).__name__}"
             )
+        if not isinstance(self.token_healing, bool):
+            raise SamplingParamsError(
+                f"token_healing must be true or false, got {self.token_healing!r}"
+            )
+        given = [name for name in STRUCTURED_OUTPUT if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise SamplingParamsError(f"give at most one of {', '.join(given)}")
+
+    @property
+    def structured_output(self) -> tuple[str, str | dict] | None:
+        """``(kind, source)`` of the output's constraint, if any (kind as in STRUCTURED_OUTPUT)."""
+        for name in STRUCTURED_OUTPUT:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
 
     @staticmethod
     def _normalise_stop(stop: object) -> list[str]:

@@ -5,15 +5,15 @@ weights wanders everywhere the masks allow, which is what these tests want."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
-import interegular
 import pytest
 import torch
 from tiny_models import make_tiny_model
 
-from radixlang.constrain import RegexConstraint, get_regex_guide
+from radixlang.constrain import GrammarConstraint, compile_grammar
 from radixlang.models import DEFAULT_MODEL, load_model_files
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.engine import Engine, RequestError
@@ -58,25 +58,9 @@ def sampled(regex: str, seed: int, **kw) -> dict:
     return {"regex": regex, "temperature": 1.0, "seed": seed, "max_new_tokens": 48} | kw
 
 
-def can_still_match(regex: str, text: str) -> bool:
-    """``text`` is a prefix of some full match of ``regex``."""
-    fsm = interegular.parse_pattern(regex).to_fsm()
-    state = fsm.initial
-    for c in text:
-        key = fsm.alphabet[c]
-        state = fsm.map.get(state, {}).get(key) if key is not None else None
-        if state is None:
-            return False
-    seen, todo = {state}, [state]
-    while todo:
-        s = todo.pop()
-        if s in fsm.finals:
-            return True
-        for nxt in fsm.map.get(s, {}).values():
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return False
+def regex_constraint(eng: Engine, regex: str) -> GrammarConstraint:
+    grammar = compile_grammar("regex", regex, eng.tokenizer, VOCAB, eng.eos_token_ids)
+    return grammar.new_constraint()
 
 
 def test_engine_loads_the_copied_tokenizer(eng):
@@ -182,12 +166,11 @@ def test_min_and_max_new_tokens_still_apply(eng):
 
 
 def test_bad_regex_is_a_request_error_and_the_engine_keeps_serving(eng):
-    for bad, why in (("(ab", "invalid regex"), (r"^ab$", "interegular"), (5, "must be a str")):
+    for bad, why in (("(ab", "invalid regex"), (r"(?=a)b", "look-around"), (5, "must be a str")):
         with pytest.raises(RequestError, match=why):
             eng.submit("x", {"regex": bad})
-    guide = get_regex_guide(r"[0-9]+", eng.tokenizer, eng.eos_token_ids, VOCAB)
     both = GenerateRequest(
-        text="x", sampling={"regex": "[0-9]+"}, constraint=guide.new_constraint()
+        text="x", sampling={"regex": "[0-9]+"}, constraint=regex_constraint(eng, "[0-9]+")
     )
     with pytest.raises(RequestError, match="not both"):
         eng.submit(both)
@@ -259,7 +242,7 @@ def test_a_failing_constraint_fails_only_its_request(eng):
 class Counting:
     """Wraps a constraint and counts its advances."""
 
-    def __init__(self, inner: RegexConstraint):
+    def __init__(self, inner: GrammarConstraint):
         self.inner, self.advances = inner, 0
 
     def allowed_mask(self) -> torch.Tensor:
@@ -280,11 +263,10 @@ def test_retraction_does_not_advance_the_constraint_again(folder):
     # scheduler's reserve expects at first, which is what makes it retract.
     small = engine(folder, num_blocks=40)
     regex = r"[0-9]{20}"
-    guide = get_regex_guide(regex, small.tokenizer, small.eos_token_ids, VOCAB)
     prompt = small.tokenizer.encode("Write a long number, please: ")
     constraints, handles = [], []
     for seed in range(8):
-        c = Counting(guide.new_constraint())
+        c = Counting(regex_constraint(small, regex))
         constraints.append(c)
         request = GenerateRequest(
             input_ids=[*prompt, 100 + seed],
@@ -327,3 +309,81 @@ def test_default_model_answers_in_digits():
             r = real.generate(prompt, params)
             assert re.fullmatch(r"[0-9]+", r.text), r.text
         real.check_integrity()
+
+
+# ---- jump-forward and token healing ------------------------------------------------------------
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_full_legal_name": {"type": "string", "maxLength": 6},
+        "invoice_status_code": {"enum": ["paid_in_full", "overdue_and_unpaid"]},
+    },
+    "required": ["customer_full_legal_name", "invoice_status_code"],
+}
+
+
+def test_jump_forward_gives_the_same_text_in_fewer_steps(folder):
+    outputs, steps, stats = {}, {}, {}
+    for jump in (False, True):
+        e = engine(folder, jump_forward=jump)
+        params = [{"json_schema": LONG_KEYS, "temperature": 0, "max_new_tokens": 64}] * 3
+        before = e.stats()["steps"]
+        results = e.generate(["Invoice one:", "Invoice two:", "Invoice three:"], params)
+        steps[jump] = e.stats()["steps"] - before
+        stats[jump] = e.stats()
+        outputs[jump] = [r.text for r in results]
+        for r in results:
+            assert r.finish_reason is FinishReason.STOP
+            assert json.loads(r.text).keys() == LONG_KEYS["properties"].keys()
+        e.check_integrity()
+        assert e.flush_cache() and e.pool.num_free == e.pool.num_blocks
+    assert outputs[True] == outputs[False]
+    assert stats[False]["jump_forward_tokens"] == 0
+    assert stats[True]["jump_forward_tokens"] >= 10 and stats[True]["jump_forward_jumps"] >= 2
+    assert steps[True] < steps[False]
+    assert stats[True]["grammar_mask_steps"] > 0 and stats[True]["grammar_mask_ms_p99"] > 0
+
+
+def test_jump_forward_respects_max_new_tokens_and_logprob_requests(eng):
+    r = eng.generate("x", {"json_schema": LONG_KEYS, "temperature": 0, "max_new_tokens": 4})
+    assert r.completion_tokens == 4 and r.finish_reason is FinishReason.LENGTH
+    before = eng.stats()["jump_forward_tokens"]
+    r = eng.generate("x", {"json_schema": LONG_KEYS, "max_new_tokens": 64, "return_logprob": True})
+    assert eng.stats()["jump_forward_tokens"] == before  # every token decoded, with a logprob
+    assert len(r.output_logprobs) == r.completion_tokens and None not in r.output_logprobs
+    eng.check_integrity()
+
+
+def test_token_healing_backs_up_a_cut_off_token(eng):
+    tok = eng.tokenizer
+    prompt = "Visit http:"
+    ids = tok.encode(prompt)
+    removed = tok.decode(ids[-1:])
+    for seed in range(4):
+        r = eng.generate(prompt, {"token_healing": True, "temperature": 1.0, "seed": seed,
+                                  "max_new_tokens": 4, "ignore_eos": True})  # fmt: skip
+        assert r.prompt_tokens == len(ids) - 1
+        first = tok.decode(r.output_ids[:1])
+        assert first.startswith(removed) and first != "" and r.completion_tokens == 5
+        assert removed + r.text == tok.decode(r.output_ids)
+    eng.check_integrity()
+
+
+def test_token_healing_changes_nothing_on_a_clean_boundary(eng):
+    from radixlang.constrain import token_vocabulary
+
+    vocab = token_vocabulary(eng.tokenizer, VOCAB)
+    clean = next(
+        t for t in range(1000, VOCAB) if vocab.text[t] and vocab.extending(vocab.text[t]) is None
+    )
+    prompt_ids = [*eng.tokenizer.encode("Hello"), clean]
+    prompt = eng.tokenizer.decode(prompt_ids)
+    assert eng.tokenizer.encode(prompt)[-1] == clean
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    plain = eng.generate(prompt, params)
+    healed = eng.generate(prompt, params | {"token_healing": True})
+    assert healed.output_ids == plain.output_ids and healed.text == plain.text
+    assert healed.prompt_tokens == plain.prompt_tokens
+    # With a constraint the prompt is left whole (healing applies to free text only).
+    r = eng.generate("Visit http:", {"token_healing": True, "regex": "[a-z]{1,3}"})
+    assert r.prompt_tokens == len(eng.tokenizer.encode("Visit http:"))
