@@ -41,7 +41,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.request import FinishReason, GenerateRequest
 from radixlang.server import metrics, native
-from radixlang.server.common import APIError, TokenTexts, read_body, submit_all
+from radixlang.server.common import (
+    APIError,
+    TokenBytes,
+    TokenTexts,
+    is_openai_path,
+    read_body,
+    submit_all,
+)
 from radixlang.server.openai import OpenAIRoutes
 from radixlang.version import __version__
 
@@ -91,8 +98,8 @@ class _RequireKey:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
-                                 kind="authentication_error")  # fmt: skip
-                await error.response()(scope, receive, send)
+                                 kind="authentication_error", code="invalid_api_key")  # fmt: skip
+                await error.response(is_openai_path(scope["path"]))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -140,7 +147,7 @@ def create_app(
     browser pages on those origins call the API (CORS)."""
     model_name = served_model_name or engine.files.name
     texts = TokenTexts(engine.tokenizer)
-    openai = OpenAIRoutes(engine, model_name, texts)
+    openai = OpenAIRoutes(engine, model_name, texts, TokenBytes(engine.tokenizer, texts))
     counters = metrics.HTTPCounters()
 
     @asynccontextmanager
@@ -167,21 +174,25 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
-        return e.response()
+        return e.response(is_openai_path(request.url.path))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return APIError(e.status_code, str(e.detail), kind="invalid_request_error").response()
+        error = APIError(e.status_code, str(e.detail), kind="invalid_request_error")
+        return error.response(is_openai_path(request.url.path))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        return APIError(400, str(e.errors()[0].get("msg", e))).response()
+        error = APIError(400, str(e.errors()[0].get("msg", e)))
+        return error.response(is_openai_path(request.url.path))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception) -> JSONResponse:
         log.exception("request to %s failed", request.url.path)
         message = f"internal error: {type(e).__name__}: {e}"
-        return APIError(500, message, kind="server_error").response()
+        return APIError(500, message, kind="server_error").response(
+            is_openai_path(request.url.path)
+        )
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -36,7 +36,12 @@ _SAMPLING_FIELDS = {f for f in SamplingParams.__dataclass_fields__}
 
 class APIError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape,
-    which SGLang's clients also read)."""
+    which SGLang's clients also read).
+
+    ``code`` differs by API: OpenAI's routes answer OpenAI's machine-readable string (such as
+    ``"model_not_found"``) or null, as OpenAI documents; the other routes answer the HTTP
+    status, which radixlang's and SGLang's clients read from an error sent mid-stream.
+    """
 
     def __init__(
         self,
@@ -45,6 +50,7 @@ class APIError(Exception):
         param: str | None = None,
         kind: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -52,23 +58,43 @@ class APIError(Exception):
         self.param = param
         self.kind = kind
         self.headers = headers
+        self.code = code
 
-    def body(self) -> dict[str, Any]:
+    def body(self, openai: bool = False) -> dict[str, Any]:
         return {
             "error": {
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
-                "code": self.status,
+                "code": self.code if openai else self.status,
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, openai: bool = False) -> JSONResponse:
+        return JSONResponse(self.body(openai), status_code=self.status, headers=self.headers)
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether ``path`` is one of the OpenAI API's (its errors take OpenAI's ``code``)."""
+    return path.startswith("/v1/")
 
 
 async def read_body(request: Request, model: type[M]) -> M:
     """The request's JSON body as ``model``; a 4xx ``APIError`` naming what is wrong."""
+    return parse_body(await read_json(request), model)
+
+
+def parse_body(data: dict[str, Any], model: type[M]) -> M:
+    """``data`` (a request's JSON object) as ``model``; a 400 naming the field if it does not
+    fit."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request's JSON object; a 4xx ``APIError`` if it is not one."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise APIError(
@@ -86,10 +112,7 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise APIError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise validation_error(e) from None
+    return data
 
 
 def validation_error(error: ValidationError) -> APIError:
@@ -117,11 +140,26 @@ def sampling_field(message: str) -> str | None:
     return m.group(0) if m and m.group(0) in _SAMPLING_FIELDS else None
 
 
-def rejected(error: RequestError, where: str | None, prompt_field: str) -> APIError:
+# Given a request's index and the sampling field an engine error names, the body's path to that
+# field ("sampling_params.json_schema", "response_format.json_schema.schema"), or None.
+SamplingParamPath = Callable[[int, str], "str | None"]
+
+
+def rejected(
+    error: RequestError,
+    where: str | None,
+    prompt_field: str,
+    path: str | None = None,
+) -> APIError:
     """A request the engine refused, as a 400 naming the field (and the batch item): a
-    sampling field, or else the prompt (too long, empty, ids out of range)."""
+    sampling field (as ``path`` when the body spells it otherwise), or else the prompt (too
+    long, empty, ids out of range)."""
     message = str(error)
-    param = sampling_field(message) or where or prompt_field
+    field = sampling_field(message)
+    if field is not None and path is not None:
+        # The body's own name for the field, in the message too: "sampling_params.regex: ..."
+        return APIError(400, path + message[len(field) :], param=path)
+    param = field or where or prompt_field
     return APIError(400, f"{where}: {message}" if where else message, param=param)
 
 
@@ -131,9 +169,11 @@ async def submit_all(
     where: Sequence[str | None],
     prompt_field: str = "prompt",
     max_queued: int | None = None,
+    sampling_path: SamplingParamPath | None = None,
 ) -> list[RequestHandle]:
     """Submit every request, or none: one refused request aborts those already queued. With
-    ``max_queued``, a body that would take the queue past it is refused with a 503."""
+    ``max_queued``, a body that would take the queue past it is refused with a 503. An error
+    about a sampling field names it as ``sampling_path(index, field)`` says, if given."""
     if max_queued is not None and engine.num_waiting + len(requests) > max_queued:
         raise APIError(
             503,
@@ -146,11 +186,13 @@ async def submit_all(
     def submit() -> list[RequestHandle]:
         handles: list[RequestHandle] = []
         try:
-            for request, place in zip(requests, where, strict=True):
+            for i, (request, place) in enumerate(zip(requests, where, strict=True)):
                 try:
                     handles.append(engine.submit(request))
                 except RequestError as e:
-                    raise rejected(e, place, prompt_field) from None
+                    field = sampling_field(str(e))
+                    path = sampling_path(i, field) if sampling_path and field else None
+                    raise rejected(e, place, prompt_field, path) from None
         except BaseException:
             for h in handles:
                 h.abort()
@@ -244,3 +286,69 @@ class TokenTexts:
         with contextlib.suppress(Exception):
             return self._tokenizer.decode([token_id])
         return ""
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's): the character that stands for each byte in a
+    token's string. Printable Latin-1 bytes stand for themselves; the other 68 bytes take the
+    characters from U+0100 on, in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    chars: dict[str, int] = {}
+    shifted = 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(0x100 + shifted)] = byte
+            shifted += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_chars()
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _decoder_types(tokenizer: Any) -> set[str]:
+    """The types of a fast tokenizer's decoder (a Sequence's members too); empty if unknown."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None:
+        return set()
+    try:
+        state = json.loads(decoder.__getstate__())
+    except Exception:
+        return set()
+    members = state.get("decoders") or [state]
+    return {str(m.get("type")) for m in members if isinstance(m, dict)}
+
+
+class TokenBytes:
+    """Each token id's own bytes, for OpenAI's logprobs ``bytes``: a token that holds part of a
+    UTF-8 character has those bytes, not the replacement character its decoded text shows.
+
+    Byte-level BPE tokenizers (GPT-2's alphabet) map each character of the token's string back
+    to its byte; SentencePiece-style ones give ``<0xHH>`` byte tokens and ``▁`` for a space;
+    anything else falls back to the UTF-8 of the token's decoded text.
+    """
+
+    def __init__(self, tokenizer: Any, texts: TokenTexts) -> None:
+        self._tokenizer = tokenizer
+        self._texts = texts
+        self._byte_level = "ByteLevel" in _decoder_types(tokenizer)
+        self.bytes = lru_cache(maxsize=65536)(self._bytes)
+
+    def _bytes(self, token_id: int) -> list[int]:
+        piece = None
+        if self._tokenizer is not None:
+            with contextlib.suppress(Exception):
+                piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and piece:
+            if self._byte_level and all(c in _BYTE_LEVEL for c in piece):
+                return [_BYTE_LEVEL[c] for c in piece]
+            if not self._byte_level:
+                fallback = _BYTE_FALLBACK.match(piece)
+                if fallback:
+                    return [int(fallback.group(1), 16)]
+                if "\u2581" in piece:
+                    return list(piece.replace("\u2581", " ").encode())
+        return list(self._texts.text(token_id).encode())

@@ -4,45 +4,102 @@ own ``RuntimeEndpoint`` client (and radixlang's) work against this server unchan
 A body holds one prompt or a batch (``text`` or ``input_ids``), sampling parameters for all or
 per item, log-probability options, and ``stream``. A single prompt answers one object
 ``{"text", "output_ids", "meta_info"}``; a batch (or ``n`` > 1) answers a list, in order. A stream
-sends ``data:`` lines whose ``text`` is cumulative, as SGLang's do, ending with ``data: [DONE]``.
+sends ``data:`` lines whose ``text`` is cumulative, as SGLang's do, ending with ``data: [DONE]``;
+with ``return_logprob`` each chunk's ``meta_info`` holds that chunk's output logprobs.
+
+Structured output: ``sampling_params`` may hold one of ``regex``, ``json_schema`` (a JSON schema
+object or its JSON text, as SGLang's clients send it), ``ebnf`` (SGLang's GBNF form) and
+radixlang's ``grammar`` (Lark syntax); a malformed one is a 400 naming it.
+
+Like SGLang, the body's top level takes any key: fields of SGLang's ``GenerateReqInput`` that
+ask for something this server lacks (images, LoRA, hidden states...) are refused when set, its
+hints (``priority``, routing, disaggregation) are ignored, and so are unknown keys. Inside
+``sampling_params`` an unknown key is a 400.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult, TopLogprobs
+from radixlang.runtime.sampling import STRUCTURED_OUTPUT
 from radixlang.server.common import (
     SSE_DONE,
     APIError,
     TokenTexts,
     engine_failure,
     merged_events,
-    read_body,
+    parse_body,
+    read_json,
     results_unless_disconnected,
     sse,
     submit_all,
 )
 
+log = logging.getLogger(__name__)
+
 # SGLang sampling keys this server accepts only at their "off" value (a clear 400 otherwise).
 _UNSUPPORTED_UNLESS_OFF = {
-    "json_schema": "JSON-schema constrained decoding is not supported yet; use regex",
-    "ebnf": "EBNF grammars are not supported yet; use regex",
-    "structural_tag": "structural tags are not supported",
+    "structural_tag": "structural tags are not supported; use json_schema, ebnf or regex",
     "stop_regex": "stop_regex is not supported; use stop strings",
     "custom_params": "custom logit processors are not supported",
+    "beam_width": "beam search is not supported",
+    "watermark": "watermarking is not supported",
+    "ebnf_full_assistant": "ebnf_full_assistant is not supported (there is no reasoning part)",
 }
 # SGLang keys with no effect here: the server's own behaviour is the same or the key is a hint.
 _IGNORED = {"spaces_between_special_tokens", "stream_interval"}
-# SGLang request fields accepted only when absent or null (no images, audio, LoRA, sessions...).
-_MULTIMODAL = ("image_data", "audio_data", "video_data", "input_embeds", "lora_path",
-               "session_params", "custom_logit_processor", "modalities")  # fmt: skip
+
+# Top-level fields of SGLang's GenerateReqInput (0.5.23) that ask for something this server
+# does not do (images, LoRA, hidden states, ...): accepted when off (absent, null, false, empty),
+# a 400 naming the field otherwise.
+_MULTIMODAL = ("image_data", "audio_data", "video_data", "input_embeds", "modalities",
+               "mm_hashes", "mm_content_hashes", "use_audio_in_video", "video_config",
+               "images_config", "mm_processor_kwargs", "max_dynamic_patch", "min_dynamic_patch",
+               "image_max_dynamic_patch", "video_max_dynamic_patch", "need_wait_for_mm_inputs",
+               "num_items_assigned", "encoder_urls", "positional_embed_overrides")  # fmt: skip
+_TOP_LEVEL_UNLESS_OFF = {
+    **dict.fromkeys(_MULTIMODAL, "is not supported: this server is text only"),
+    "lora_path": "is not supported: this server has no LoRA adapters",
+    "lora_id": "is not supported: this server has no LoRA adapters",
+    "session_params": "is not supported: there are no sessions",
+    "custom_logit_processor": "is not supported: custom logit processors are not",
+    "return_hidden_states": "is not supported",
+    "return_routed_experts": "is not supported: the model has no routed experts",
+    "return_indexer_topk": "is not supported",
+    "token_ids_logprob": "is not supported: use top_logprobs_num",
+    "return_sampling_mask": "is not supported",
+    "sampling_logprobs_mode": "is not supported",
+    "return_flat_raw_top_logprobs": "is not supported: logprobs come as nested lists",
+    "return_flat_raw_output_top_logprobs": "is not supported: logprobs come as nested lists",
+    "return_flat_raw_top_logprobs_b64": "is not supported: logprobs come as nested lists",
+    "return_entropy": "is not supported",
+    "return_bytes": "is not supported",
+    "watermark": "is not supported",
+    "require_reasoning": "is not supported: the model has no reasoning mode",
+    "max_thinking_tokens": "is not supported: the model has no reasoning mode",
+    "multi_item_delimiter_indices": "is not supported: there is no multi-item scoring",
+    "token_indices_to_pool": "is not supported: there is no pooling",
+    "cache_salt": "is not supported: the prefix cache has one namespace",
+    "background": "is not supported",
+}
+# Top-level fields of SGLang's GenerateReqInput that are hints or bookkeeping with no effect
+# here (routing, scheduling priority, disaggregation, tracing, logging): accepted and ignored.
+_TOP_LEVEL_IGNORED = frozenset(
+    ("priority", "routing_key", "routed_dp_rank", "data_parallel_rank",
+     "disagg_prefill_dp_rank", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+     "bootstrap_pair_key", "decode_tp_size", "session_id", "conversation_id",
+     "http_worker_ipc", "log_metrics", "no_logs", "custom_labels", "external_trace_header",
+     "received_time", "extra_key", "kv_hints", "routed_experts_start_len")
+)  # fmt: skip
 
 
 class GenerateBody(BaseModel):
@@ -55,18 +112,35 @@ class GenerateBody(BaseModel):
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
-    return_hidden_states: bool = False
-    log_metrics: bool = True
-    image_data: Any = None
-    audio_data: Any = None
-    video_data: Any = None
-    input_embeds: Any = None
-    lora_path: Any = None
-    session_params: Any = None
-    custom_logit_processor: Any = None
-    modalities: Any = None
+
+
+def _is_off(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_is_off(v) for v in value)
+    return value is None or value is False or value == "" or value == {}
+
+
+def sglang_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The body's fields this server reads. SGLang ignores top-level keys it does not know (only
+    ``sampling_params`` is strict), and so does this server: a field that asks for something
+    unsupported is refused when it is on; hints and bookkeeping are dropped, and so are keys
+    SGLang does not define either (logged at debug level)."""
+    out: dict[str, Any] = {}
+    unknown = []
+    for key, value in data.items():
+        if key in GenerateBody.model_fields:
+            out[key] = value
+        elif key in _TOP_LEVEL_UNLESS_OFF:
+            if not _is_off(value):
+                raise APIError(400, f"{key} {_TOP_LEVEL_UNLESS_OFF[key]}", param=key)
+        elif key not in _TOP_LEVEL_IGNORED:
+            unknown.append(key)
+    if unknown:
+        log.debug("/generate: ignoring unknown top-level field(s) %s", ", ".join(unknown))
+    return out
 
 
 @dataclass
@@ -77,6 +151,7 @@ class Item:
     where: str | None  # "text[2]" in a batch, for error messages
     return_logprob: bool
     no_stop_trim: bool
+    sampling_where: str  # "sampling_params" or "sampling_params[2]", for error messages
 
 
 def _per_item(value: Any, i: int, count: int, name: str) -> Any:
@@ -93,9 +168,15 @@ def _engine_sampling(params: dict[str, Any], where: str) -> tuple[dict[str, Any]
     for key in _IGNORED:
         out.pop(key, None)
     for key, why in _UNSUPPORTED_UNLESS_OFF.items():
-        value = out.pop(key, None)
-        if value not in (None, [], {}, ""):
+        if not _is_off(out.pop(key, None)):
             raise APIError(400, f"{where}.{key}: {why}", param=f"{where}.{key}")
+    # Structured output (regex, json_schema as a schema object or its JSON text, ebnf, and
+    # radixlang's Lark ``grammar``) goes to the engine as is; it compiles and checks it.
+    structured = [k for k in STRUCTURED_OUTPUT if out.get(k) is not None]
+    if len(structured) > 1:
+        second = f"{where}.{structured[1]}"
+        raise APIError(400, f"{second}: give at most one of {', '.join(structured)}",
+                       param=second)  # fmt: skip
     if "sampling_seed" in out:
         out["seed"] = out.pop("sampling_seed")
     n = out.pop("n", 1)
@@ -110,11 +191,6 @@ def _engine_sampling(params: dict[str, Any], where: str) -> tuple[dict[str, Any]
 
 def parse_items(body: GenerateBody) -> tuple[list[Item], bool]:
     """The body's engine requests, and whether the answer is a list."""
-    for name in _MULTIMODAL:
-        if getattr(body, name) not in (None, [], ""):
-            raise APIError(400, f"{name} is not supported: this server is text only", param=name)
-    if body.return_hidden_states:
-        raise APIError(400, "return_hidden_states is not supported", param="return_hidden_states")
     if (body.text is None) == (body.input_ids is None):
         raise APIError(400, "give exactly one of text and input_ids", param="text")
     prompts: list[str] | list[list[int]]
@@ -152,7 +228,7 @@ def parse_items(body: GenerateBody) -> tuple[list[Item], bool]:
                 sampling=sampling,
                 request_id=None if rid is None else (rid if n == 1 else f"{rid}-{j}"),
             )
-            items.append(Item(request, where, bool(logprob), no_stop_trim))
+            items.append(Item(request, where, bool(logprob), no_stop_trim, place))
     return items, batched or len(items) > 1
 
 
@@ -164,22 +240,35 @@ def _top_triples(tops: Sequence[TopLogprobs | None], texts: TokenTexts | None) -
     return [None if top is None else _triples(top, texts) for top in tops]
 
 
-def result_body(result: GenerationResult, item: Item, texts: TokenTexts | None) -> dict:
+def result_body(
+    result: GenerationResult,
+    item: Item,
+    texts: TokenTexts | None,
+    prompt_ids: bool = False,
+    streamed: int | None = None,
+) -> dict:
+    """SGLang's answer for one finished request. ``streamed``: the last chunk of a stream, whose
+    output logprobs are those not sent yet (this many were), as SGLang streams them."""
     text = result.text
     if item.no_stop_trim and isinstance(result.matched_stop, str):
         text += result.matched_stop
     meta: dict[str, Any] = dict(result.meta_info)
     if item.return_logprob:
+        start = streamed or 0
         outputs = list(zip(result.output_ids, result.output_logprobs, strict=False))
         meta["input_token_logprobs"] = _triples(result.prompt_logprobs, texts)
-        meta["output_token_logprobs"] = _triples(outputs, texts)
+        meta["output_token_logprobs"] = _triples(outputs[start:], texts)
         meta["input_top_logprobs"] = _top_triples(result.prompt_top_logprobs, texts)
-        meta["output_top_logprobs"] = _top_triples(result.output_top_logprobs, texts)
-    return {"text": text, "output_ids": result.output_ids, "meta_info": meta}
+        meta["output_top_logprobs"] = _top_triples(result.output_top_logprobs[start:], texts)
+        meta["output_token_logprobs_length"] = len(outputs)
+    out = {"text": text, "output_ids": result.output_ids, "meta_info": meta}
+    if prompt_ids:
+        out["prompt_token_ids"] = result.prompt_ids
+    return out
 
 
 async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response:
-    body = await read_body(request, GenerateBody)
+    body = parse_body(sglang_fields(await read_json(request)), GenerateBody)
     items, as_list = parse_items(body)
     prompt_field = "text" if body.text is not None else "input_ids"
     handles = await submit_all(
@@ -188,37 +277,87 @@ async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response
         [it.where for it in items],
         prompt_field,
         request.app.state.max_queued_requests,
+        sampling_path=lambda i, field: f"{items[i].sampling_where}.{field}",
     )
     token_texts = texts if body.return_text_in_logprobs else None
     if body.stream:
-        stream = _stream(handles, items, token_texts, as_list)
+        try:
+            prompts = await run_in_threadpool(_prompt_ids, engine, items)
+        except BaseException:
+            for h in handles:
+                h.abort()
+            raise
+        stream = _stream(handles, items, token_texts, as_list, prompts, body)
         return StreamingResponse(stream, media_type="text/event-stream")
     results = await results_unless_disconnected(request, handles)
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    out = [result_body(r, it, token_texts) for r, it in zip(results, items, strict=True)]
+    out = [
+        result_body(r, it, token_texts, body.return_prompt_token_ids)
+        for r, it in zip(results, items, strict=True)
+    ]
     return JSONResponse(out if as_list else out[0])
 
 
+def _prompt_ids(engine: Any, items: list[Item]) -> list[list[int]]:
+    """Each request's prompt tokens, as the engine reads them (streamed chunks carry their
+    count before the result does)."""
+    out: list[list[int]] = []
+    for i, item in enumerate(items):
+        request = item.request
+        if request.input_ids is not None:
+            out.append(list(request.input_ids))
+        elif i and items[i - 1].request.text == request.text:
+            out.append(out[-1])  # one of n samples of the same prompt
+        else:
+            out.append(list(engine.tokenizer.encode(request.text)))
+    return out
+
+
 async def _stream(
-    handles: Sequence[Any], items: list[Item], texts: TokenTexts | None, as_list: bool
+    handles: Sequence[Any],
+    items: list[Item],
+    texts: TokenTexts | None,
+    as_list: bool,
+    prompts: list[list[int]],
+    body: GenerateBody,
 ) -> AsyncIterator[str]:
+    """SGLang's stream: each chunk's ``text`` and ``output_ids`` are cumulative; its
+    ``meta_info`` holds the token counts and, with ``return_logprob``, the logprobs of this
+    chunk's tokens only (``output_token_logprobs_length`` counts them all so far), as SGLang's
+    incremental streaming sends them. The last chunk is the result, with the prompt's logprobs.
+    """
     sofar = [""] * len(handles)
     ids: list[list[int]] = [[] for _ in handles]
     async for i, event in merged_events(handles):
+        item = items[i]
         if isinstance(event, GenerationResult):
             if event.finish_reason is FinishReason.ERROR:
                 yield sse(engine_failure(event).body())
                 continue
-            chunk = result_body(event, items[i], texts)
+            chunk = result_body(event, item, texts, body.return_prompt_token_ids, len(ids[i]))
         else:
             if not event.text and not event.token_ids:
                 continue
             sofar[i] += event.text
             ids[i] += event.token_ids
-            meta = {"id": event.request_id, "completion_tokens": len(ids[i]),
-                    "finish_reason": None}  # fmt: skip
-            chunk = {"text": sofar[i], "output_ids": ids[i], "meta_info": meta}
+            meta: dict[str, Any] = {
+                "id": event.request_id,
+                "prompt_tokens": len(prompts[i]),
+                # Known once the prompt is admitted; an engine whose events do not carry it
+                # reports 0 until the last chunk, which has the result's figure.
+                "cached_tokens": getattr(event, "cached_tokens", None) or 0,
+                "completion_tokens": len(ids[i]),
+                "finish_reason": None,
+            }
+            if item.return_logprob:
+                pairs = list(zip(event.token_ids, event.logprobs, strict=False))
+                meta["output_token_logprobs"] = _triples(pairs, texts)
+                meta["output_top_logprobs"] = _top_triples(event.top_logprobs, texts)
+                meta["output_token_logprobs_length"] = len(ids[i])
+            chunk = {"text": sofar[i], "output_ids": list(ids[i]), "meta_info": meta}
+            if body.return_prompt_token_ids:
+                chunk["prompt_token_ids"] = prompts[i]
         if as_list:
             chunk["index"] = i
         yield sse(chunk)

@@ -3,9 +3,15 @@
 against this server.
 
 Unknown fields are refused, as OpenAI refuses them. Beyond OpenAI's fields, the sampling
-extras vLLM users know are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
-``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, ``regex``, and
-``continue_final_message`` for chats.
+extras vLLM and SGLang users know are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
+``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, ``regex``,
+``ebnf``, and ``continue_final_message`` for chats.
+
+Structured output: ``response_format`` ``{"type": "json_object"}`` (any JSON object) or
+``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` constrains the output
+to valid JSON (chat and completions). Chats take function ``tools`` and ``tool_choice`` and
+answer OpenAI's ``tool_calls`` (see ``tools``). Errors take OpenAI's shape, ``code`` included
+(``"model_not_found"`` for an unknown model).
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
 from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult
+from radixlang.server import tools as tooling
 from radixlang.server.common import (
     SSE_DONE,
     APIError,
+    TokenBytes,
     TokenTexts,
     engine_failure,
     merged_events,
@@ -61,6 +70,8 @@ class _Body(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     regex: str | None = None
+    ebnf: str | None = None
+    response_format: dict[str, Any] | None = None
 
     def sampling(self, max_tokens: int | None, default_max: int) -> dict[str, Any]:
         if max_tokens is not None and max_tokens < 0:
@@ -81,10 +92,16 @@ class _Body(BaseModel):
             "skip_special_tokens": self.skip_special_tokens,
             "seed": self.seed,
             "regex": self.regex,
+            "ebnf": self.ebnf,
+            "json_schema": response_schema(self.response_format),
             "logit_bias": self.logit_bias or None,
         }
         if sampling["min_new_tokens"] > sampling["max_new_tokens"]:
             raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
+        given = [k for k in ("regex", "ebnf", "json_schema") if sampling[k] is not None]
+        if len(given) > 1:
+            names = ["response_format" if k == "json_schema" else k for k in given]
+            raise APIError(400, f"give at most one of {', '.join(names)}", param=names[1])
         return {k: v for k, v in sampling.items() if v is not None}
 
 
@@ -125,8 +142,7 @@ class ChatBody(_Body):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
@@ -140,19 +156,23 @@ ChatBody.model_rebuild()
 class OpenAIRoutes:
     """The OpenAI routes over one engine, serving it as ``model_name``."""
 
-    def __init__(self, engine: Any, model_name: str, texts: TokenTexts) -> None:
+    def __init__(
+        self, engine: Any, model_name: str, texts: TokenTexts, token_bytes: TokenBytes | None = None
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.texts = texts
+        self.token_bytes = token_bytes or TokenBytes(engine.tokenizer, texts)
         self.created = int(time.time())
+        self._template_shows_tools: bool | None = None
 
     def check_model(self, model: str) -> None:
         if model not in (self.model_name, "default"):
             raise APIError(
                 404,
-                f"model {model!r} not found; this server serves {self.model_name!r}",
+                f"The model {model!r} does not exist; this server serves {self.model_name!r}",
                 param="model",
-                kind="model_not_found",
+                code="model_not_found",
             )
 
     async def models(self, request: Request) -> JSONResponse:
@@ -180,7 +200,12 @@ class OpenAIRoutes:
                 requests.append(_request(prompt, sampling, j))
                 where.append(f"prompt[{i}]" if len(prompts) > 1 else None)
         handles = await submit_all(
-            self.engine, requests, where, "prompt", request.app.state.max_queued_requests
+            self.engine,
+            requests,
+            where,
+            "prompt",
+            request.app.state.max_queued_requests,
+            sampling_path=lambda i, field: _sampling_path(field, body.response_format),
         )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = [self._prompt_text(p) if body.echo else "" for p in prompts for _ in range(body.n)]
@@ -243,7 +268,7 @@ class OpenAIRoutes:
         async for i, event in merged_events(handles):
             if isinstance(event, GenerationResult):
                 if event.finish_reason is FinishReason.ERROR:
-                    yield sse(engine_failure(event).body())
+                    yield sse(engine_failure(event).body(openai=True))
                     continue
                 results[i] = event
                 finish = _FINISH.get(event.finish_reason)
@@ -265,24 +290,27 @@ class OpenAIRoutes:
     async def chat(self, request: Request) -> Response:
         body = await read_body(request, ChatBody)
         self.check_model(body.model)
-        if body.tools and body.tool_choice != "none":
-            raise APIError(400, "tools are not supported by this server yet", param="tools")
-        fmt = (body.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise APIError(
-                400,
-                f"response_format {fmt!r} is not supported yet; use the regex extra",
-                param="response_format",
-            )
+        tools = tooling.parse_tools(body.tools)
+        choice = tooling.parse_tool_choice(body.tool_choice, tools)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         limit = body.max_completion_tokens
         if limit is None:
             limit = body.max_tokens
         sampling = body.sampling(limit, max(self.engine.max_context - 1, 1))
+        if choice.calls:
+            for key in ("regex", "ebnf"):
+                if key in sampling:
+                    raise APIError(400, f"{key} cannot be combined with tools", param=key)
+            # The output is a call block (or, with "auto", a reply: text, or JSON under
+            # response_format): one Lark grammar says which.
+            text_schema = sampling.pop("json_schema", None)
+            sampling["grammar"] = tooling.call_grammar(
+                choice, body.parallel_tool_calls is not False, text_schema
+            )
         if body.logprobs:
             sampling.update(return_logprob=True, top_logprobs_num=body.top_logprobs or 0)
-        ids = await run_in_threadpool(self._chat_prompt, body)
+        ids = await run_in_threadpool(self._chat_prompt, body, choice)
         if limit is None:  # what is left of the context window
             sampling["max_new_tokens"] = max(self.engine.max_context - len(ids), 1)
         requests = [_request(ids, sampling, j) for j in range(body.n)]
@@ -292,10 +320,11 @@ class OpenAIRoutes:
             [None] * body.n,
             "messages",
             request.app.state.max_queued_requests,
+            sampling_path=lambda i, field: _sampling_path(field, body.response_format),
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            stream = self._stream_chat(handles, body, rid, created)
+            stream = self._stream_chat(handles, body, rid, created, choice)
             return StreamingResponse(stream, media_type="text/event-stream")
         results = await results_unless_disconnected(request, handles)
         if results is None:
@@ -306,18 +335,38 @@ class OpenAIRoutes:
             if body.logprobs:
                 pairs = zip(result.output_ids, result.output_logprobs, strict=False)
                 logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
-            choices.append({"index": i, "message": {"role": "assistant", "content": result.text},
-                            "logprobs": logprobs,
-                            "finish_reason": _FINISH.get(result.finish_reason)})  # fmt: skip
+            message, finish = _chat_message(result, choice)
+            choices.append({"index": i, "message": message, "logprobs": logprobs,
+                            "finish_reason": finish})  # fmt: skip
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                              "model": self.model_name, "choices": choices,
                              "usage": _usage(results, body.n)})  # fmt: skip
 
-    def _chat_prompt(self, body: ChatBody) -> list[int]:
+    def template_shows_tools(self) -> bool:
+        """Whether the chat template writes the ``tools`` it is given into the prompt (if not,
+        a system message describes them)."""
+        if self._template_shows_tools is None:
+            probe = {"type": "function", "function": {
+                "name": "radixlang_probe_function", "description": "probe",
+                "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+            try:
+                text = self.engine.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": "hi"}],
+                    tools=[probe],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+                self._template_shows_tools = "radixlang_probe_function" in text
+            except Exception:
+                self._template_shows_tools = False
+        return self._template_shows_tools
+
+    def _chat_prompt(self, body: ChatBody, choice: tooling.ToolChoice) -> list[int]:
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, f"model {self.model_name} has no chat template", param="messages")
-        messages = [_plain_message(m, i) for i, m in enumerate(body.messages)]
+        native = self.template_shows_tools()
+        messages = [_plain_message(m, i, native) for i, m in enumerate(body.messages)]
         final = body.continue_final_message
         if final and messages[-1]["role"] != "assistant":
             raise APIError(
@@ -325,34 +374,56 @@ class OpenAIRoutes:
                 "continue_final_message needs an assistant message last",
                 param="continue_final_message",
             )
-        try:
-            text = tokenizer.apply_chat_template(
+        extra: dict[str, Any] = {}
+        if choice.calls and native:
+            extra["tools"] = [t.spec for t in choice.tools]
+        elif choice.calls:
+            messages = _with_system_text(messages, tooling.tools_prompt(choice))
+
+        def render(messages: list[dict[str, Any]]) -> str:
+            return tokenizer.apply_chat_template(
                 messages,
                 tokenize=False,
                 add_generation_prompt=not final,
                 continue_final_message=final,
+                **extra,
             )
+
+        try:
+            text = render(messages)
         except Exception as e:  # the template refused the conversation (e.g. role order)
-            raise APIError(400, f"messages: the chat template refused them: {e}",
-                           param="messages") from None  # fmt: skip
+            if native or not any(m["role"] == "tool" for m in messages):
+                raise APIError(400, f"messages: the chat template refused them: {e}",
+                               param="messages") from None  # fmt: skip
+            # A template without a tool role: tool results as user messages, marked.
+            try:
+                text = render([_tool_result_as_user(m) for m in messages])
+            except Exception as e2:
+                raise APIError(400, f"messages: the chat template refused them: {e2}",
+                               param="messages") from None  # fmt: skip
         # The template writes any BOS itself: encode without adding special tokens again.
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     def _chat_logprobs(self, pairs: Any, tops: Sequence[Any]) -> list[dict[str, Any]]:
         text = self.texts.text
+        token_bytes = self.token_bytes.bytes
         out = []
         for (tok, lp), top in zip(pairs, tops, strict=False):
-            t = text(tok)
             alternatives = [
-                {"token": text(a), "logprob": alp, "bytes": list(text(a).encode())}
+                {"token": text(a), "logprob": alp, "bytes": token_bytes(a)}
                 for a, alp in (top or [])
             ]
-            out.append({"token": t, "logprob": lp, "bytes": list(t.encode()),
+            out.append({"token": text(tok), "logprob": lp, "bytes": token_bytes(tok),
                         "top_logprobs": alternatives})  # fmt: skip
         return out
 
     async def _stream_chat(
-        self, handles: Sequence[Any], body: ChatBody, rid: str, created: int
+        self,
+        handles: Sequence[Any],
+        body: ChatBody,
+        rid: str,
+        created: int,
+        choice: tooling.ToolChoice,
     ) -> AsyncIterator[str]:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created,
                 "model": self.model_name}  # fmt: skip
@@ -360,13 +431,21 @@ class OpenAIRoutes:
             delta = {"role": "assistant", "content": ""}
             yield sse({**head, "choices": [_delta_choice(i, delta, None, None)]})
         results: list[GenerationResult | None] = [None] * len(handles)
+        calls = [
+            tooling.CallStream(may_call=choice.calls, must_call=choice.mode == "required")
+            for _ in handles
+        ]
         async for i, event in merged_events(handles):
             if isinstance(event, GenerationResult):
                 if event.finish_reason is FinishReason.ERROR:
-                    yield sse(engine_failure(event).body())
+                    yield sse(engine_failure(event).body(openai=True))
                     continue
                 results[i] = event
+                for delta in calls[i].finish():
+                    yield sse({**head, "choices": [_delta_choice(i, delta, None, None)]})
                 finish = _FINISH.get(event.finish_reason)
+                if calls[i].called and calls[i].closed and event.finish_reason is FinishReason.STOP:
+                    finish = "tool_calls"
                 yield sse({**head, "choices": [_delta_choice(i, {}, None, finish)]})
                 continue
             if not event.text and not event.token_ids:
@@ -375,11 +454,90 @@ class OpenAIRoutes:
             if body.logprobs:
                 pairs = zip(event.token_ids, event.logprobs, strict=False)
                 logprobs = {"content": self._chat_logprobs(pairs, event.top_logprobs)}
-            delta = {"content": event.text}
-            yield sse({**head, "choices": [_delta_choice(i, delta, logprobs, None)]})
+            if not choice.calls:
+                deltas = [{"content": event.text}]
+            else:
+                deltas = calls[i].feed(event.text) or ([{}] if logprobs else [])
+            for k, delta in enumerate(deltas):
+                chunk_logprobs = logprobs if k == 0 else None
+                yield sse({**head, "choices": [_delta_choice(i, delta, chunk_logprobs, None)]})
         if body.stream_options and body.stream_options.include_usage:
             yield sse({**head, "choices": [], "usage": _usage(results, body.n)})
         yield SSE_DONE
+
+
+def response_schema(response_format: dict[str, Any] | None) -> Any:
+    """The JSON schema ``response_format`` asks the output to follow, or None for text; a 400
+    naming the field if it is malformed."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ANY_JSON_OBJECT
+    if kind != "json_schema":
+        raise APIError(400, "response_format.type must be 'text', 'json_object' or "
+                       f"'json_schema', got {kind!r}", param="response_format.type")  # fmt: skip
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise APIError(400, "response_format.json_schema must be an object with name and schema",
+                       param="response_format.json_schema")  # fmt: skip
+    name = spec.get("name")
+    if name is not None and not isinstance(name, str):
+        raise APIError(400, "response_format.json_schema.name must be a string",
+                       param="response_format.json_schema.name")  # fmt: skip
+    schema = spec.get("schema", spec.get("schema_"))
+    if schema is None:
+        return ANY_JSON_OBJECT  # OpenAI's schema is optional: any JSON object then
+    try:
+        json_schema_text(schema)
+    except ConstraintError as e:
+        raise APIError(400, f"response_format.json_schema.schema: {e}",
+                       param="response_format.json_schema.schema") from None  # fmt: skip
+    return schema
+
+
+def _sampling_path(field: str, response_format: dict[str, Any] | None) -> str | None:
+    """The body's name for a sampling field the engine refused."""
+    if field == "json_schema":
+        kind = (response_format or {}).get("type")
+        return "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
+    if field == "grammar":
+        return "tools"
+    return None
+
+
+def _chat_message(
+    result: GenerationResult, choice: tooling.ToolChoice
+) -> tuple[dict[str, Any], str | None]:
+    """A finished chat's ``message`` and ``finish_reason``: text, or the calls it made."""
+    finish = _FINISH.get(result.finish_reason)
+    parsed = tooling.parse_output(result.text, choice)
+    if parsed is None or not parsed[0]:
+        return {"role": "assistant", "content": result.text}, finish
+    calls, closed = parsed
+    ids = [tooling.new_call_id() for _ in calls]
+    message = {"role": "assistant", "content": None,
+               "tool_calls": tooling.tool_calls_json(calls, ids)}  # fmt: skip
+    if closed and result.finish_reason is FinishReason.STOP:
+        finish = "tool_calls"
+    return message, finish
+
+
+def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """``text`` added to the conversation's system message (one is put first if none is)."""
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        joined = f"{first['content']}\n\n{text}" if first["content"] else text
+        return [{**first, "content": joined}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _tool_result_as_user(message: dict[str, Any]) -> dict[str, Any]:
+    if message["role"] != "tool":
+        return message
+    return {"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"}
 
 
 def _completion_prompts(prompt: Any) -> list[str | list[int]]:
@@ -401,7 +559,10 @@ def _request(prompt: str | list[int], sampling: dict[str, Any], j: int) -> Gener
     return GenerateRequest(input_ids=prompt, sampling=sampling)
 
 
-def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
+def _plain_message(m: ChatMessage, i: int, template_shows_tools: bool = False) -> dict[str, Any]:
+    """A message as the chat template takes it: content parts joined, ``developer`` as
+    ``system``. An assistant's ``tool_calls`` go to a template that shows tools as they are
+    (arguments as objects); otherwise they are written into its content in the call format."""
     content = m.content
     if isinstance(content, list):
         texts = []
@@ -413,7 +574,16 @@ def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
         content = "".join(texts)
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                            "content": content or ""}  # fmt: skip
-    for key in ("name", "tool_calls", "tool_call_id"):
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages make calls",
+                           param=f"messages[{i}].tool_calls")  # fmt: skip
+        block = tooling.call_block(m.tool_calls, f"messages[{i}]")  # checks them too
+        if template_shows_tools:
+            out["tool_calls"] = tooling.template_tool_calls(m.tool_calls)
+        else:
+            out["content"] = f"{out['content']}\n{block}" if out["content"] else block
+    for key in ("name", "tool_call_id"):
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)
     return out

@@ -1,0 +1,408 @@
+"""OpenAI function calling for the chat route: tool definitions and ``tool_choice``, the
+prompt that shows the tools to the model, the grammar that makes its calls valid, and reading
+the calls back out of the generated text (whole, or streamed as OpenAI's deltas).
+
+The calls' text format (SmolLM2's, and close to Hermes' and Qwen's)::
+
+    <tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>
+
+one JSON array of calls between the markers, written compactly as ``json.dumps`` writes it.
+
+How each ``tool_choice`` constrains the output (a Lark grammar, see :func:`call_grammar`):
+
+- ``"none"``: no tools are shown and nothing is constrained: plain text.
+- ``"required"``: the output must be a call block, each call naming one of the tools and
+  holding arguments valid under that tool's ``parameters`` schema.
+- a named function: the same, with that one tool only.
+- ``"auto"`` (the default with tools): the output is EITHER a call block as above OR a reply
+  that does not start with ``<tool_call>`` (free text, or JSON under the request's
+  ``response_format``). So nothing forces a call: the model's own first tokens decide, and once
+  it has written the marker the rest must be a valid call. A reply that begins as text is text
+  to the end (a marker later in it is just text).
+
+With ``parallel_tool_calls`` false a block holds exactly one call.
+
+The model sees the tools through its chat template (``tools=``) when the template writes them
+into the prompt; otherwise (SmolLM2's template ignores them) a system message lists them and
+states the call format. Earlier calls in the history are written in the call format for such
+templates, and ``tool`` messages keep their role (or, for a template that refuses the role,
+become user messages wrapped in ``<tool_response>``). A template's own call format may differ
+from this one: the grammar holds the output to this one either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlang.constrain import ConstraintError, json_schema_text
+from radixlang.server.common import APIError
+
+CALL_START = "<tool_call>"
+CALL_END = "</tool_call>"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# The arguments' JSON layout, as the rest of radixlang's JSON output (see radixlang.constrain).
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    parameters: dict[str, Any]  # the arguments' JSON schema
+    spec: dict[str, Any]  # the tool as the request gave it (for the chat template)
+    where: str  # "tools[2]", for error messages
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str  # "none", "auto" or "required" (a named function is "required" with one tool)
+    tools: tuple[Tool, ...]  # the tools the output may call
+
+    @property
+    def calls(self) -> bool:
+        """Whether the output may hold calls."""
+        return self.mode != "none" and bool(self.tools)
+
+
+def parse_tools(tools: list[Any] | None) -> list[Tool]:
+    """The request's function tools; a 400 naming the field for a malformed one."""
+    out: list[Tool] = []
+    for i, spec in enumerate(tools or []):
+        where = f"tools[{i}]"
+        if not isinstance(spec, dict):
+            raise APIError(400, f"{where} must be an object", param=where)
+        if spec.get("type") != "function":
+            raise APIError(400, f"{where}.type must be 'function', got {spec.get('type')!r}",
+                           param=f"{where}.type")  # fmt: skip
+        unknown = sorted(set(spec) - {"type", "function"})
+        if unknown:
+            raise APIError(400, f"{where}: unknown field {unknown[0]}",
+                           param=f"{where}.{unknown[0]}")  # fmt: skip
+        function = spec.get("function")
+        if not isinstance(function, dict):
+            raise APIError(400, f"{where}.function must be an object", param=f"{where}.function")
+        unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise APIError(400, f"{where}.function: unknown field {unknown[0]}",
+                           param=f"{where}.function.{unknown[0]}")  # fmt: skip
+        name = function.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise APIError(
+                400,
+                f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-', got {name!r}",
+                param=f"{where}.function.name",
+            )
+        if any(t.name == name for t in out):
+            raise APIError(400, f"{where}.function.name: two tools are named {name!r}",
+                           param=f"{where}.function.name")  # fmt: skip
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise APIError(400, f"{where}.function.description must be a string",
+                           param=f"{where}.function.description")  # fmt: skip
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise APIError(400, f"{where}.function.strict must be a bool",
+                           param=f"{where}.function.strict")  # fmt: skip
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = _NO_PARAMETERS
+        if not isinstance(parameters, dict):
+            raise APIError(400, f"{where}.function.parameters must be a JSON schema object",
+                           param=f"{where}.function.parameters")  # fmt: skip
+        if parameters.get("type", "object") != "object":
+            raise APIError(400, f"{where}.function.parameters must describe an object, got "
+                           f"type {parameters.get('type')!r}",
+                           param=f"{where}.function.parameters")  # fmt: skip
+        try:
+            json_schema_text(parameters)
+        except ConstraintError as e:
+            raise APIError(400, f"{where}.function.parameters: {e}",
+                           param=f"{where}.function.parameters") from None  # fmt: skip
+        out.append(Tool(name, parameters, {"type": "function", "function": function}, where))
+    return out
+
+
+def parse_tool_choice(choice: Any, tools: list[Tool]) -> ToolChoice:
+    """``tool_choice`` (OpenAI's default: ``"auto"`` with tools, ``"none"`` without)."""
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not tools:
+            raise APIError(400, "tool_choice 'required' needs tools", param="tool_choice")
+        return ToolChoice(choice, tuple(tools) if choice != "none" else ())
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        for tool in tools:
+            if tool.name == name:
+                return ToolChoice("required", (tool,))
+        raise APIError(400, f"tool_choice names the function {name!r}, which is not in tools",
+                       param="tool_choice.function.name")  # fmt: skip
+    raise APIError(
+        400,
+        "tool_choice must be 'none', 'auto', 'required' or "
+        f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r}',
+        param="tool_choice",
+    )
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text)  # a JSON string is also a Lark string literal
+
+
+def _arguments_schema(tool: Tool) -> str:
+    schema = json.loads(json_schema_text(tool.parameters))  # objects closed, as all JSON output
+    schema["x-guidance"] = _JSON_LAYOUT
+    return json.dumps(schema)
+
+
+def call_grammar(choice: ToolChoice, parallel: bool, text_schema: Any = None) -> str:
+    """The Lark grammar (llguidance's dialect, with ``%json``) of the output ``choice`` allows:
+    a call block of calls to its tools, and for ``auto`` the alternative of a reply that does
+    not start with the call marker (JSON under ``text_schema`` if given)."""
+    lines = []
+    if choice.mode == "auto":
+        if text_schema is not None:
+            schema = json.loads(json_schema_text(text_schema))
+            schema["x-guidance"] = _JSON_LAYOUT
+            lines.append("start: calls | reply")
+            lines.append(f"reply: %json {json.dumps(schema)}")
+        else:
+            lines.append("start: calls | TEXT")
+            # Any text but one that starts with the marker (llguidance's & and ~ on lexemes).
+            lines.append(f"TEXT: /(?s:.+)/ & ~/{re.escape(CALL_START)}(?s:.*)/")
+    else:
+        lines.append("start: calls")
+    more = ' (", " call)*' if parallel else ""
+    opening, closing = _lark_string(CALL_START + "["), _lark_string("]" + CALL_END)
+    lines.append(f"calls: {opening} call{more} {closing}")
+    lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(choice.tools))))
+    for i, tool in enumerate(choice.tools):
+        head = _lark_string(f'{{"name": "{tool.name}", "arguments": ')
+        lines.append(f'call_{i}: {head} args_{i} "}}"')
+        lines.append(f"args_{i}: %json {_arguments_schema(tool)}")
+    return "\n".join(lines) + "\n"
+
+
+def tools_prompt(choice: ToolChoice) -> str:
+    """The tools and the call format, for a system message (when the chat template does not
+    show the tools itself)."""
+    listed = "\n".join(json.dumps(t.spec, ensure_ascii=False) for t in choice.tools)
+    call = '{"name": <function name>, "arguments": <arguments object>}'
+    example = f"{CALL_START}[{call}]{CALL_END}"
+    text = (
+        "You can call these functions (tools):\n<tools>\n"
+        f"{listed}\n</tools>\n"
+        f"To call functions, reply with nothing but {example}, one JSON object per call in the "
+        "array."
+    )
+    if choice.mode == "auto":
+        return text + " Otherwise, reply to the user as usual."
+    if len(choice.tools) == 1:
+        return text + f" Now call the function {choice.tools[0].name}."
+    return text + " Now call at least one of them."
+
+
+def call_block(tool_calls: Sequence[Any], where: str) -> str:
+    """An assistant message's ``tool_calls`` in the call format, for chat templates that do not
+    show tool calls themselves; a 400 naming the field if they are malformed."""
+    calls = []
+    for j, call in enumerate(tool_calls):
+        here = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise APIError(400, f"{here}.function.name must be a string",
+                           param=f"{here}.function.name")  # fmt: skip
+        arguments = function.get("arguments")  # type: ignore[union-attr]
+        if isinstance(arguments, str):
+            with contextlib.suppress(json.JSONDecodeError):  # else shown as the string it is
+                arguments = json.loads(arguments) if arguments.strip() else {}
+        calls.append(json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False))
+    return f"{CALL_START}[{', '.join(calls)}]{CALL_END}"
+
+
+def template_tool_calls(tool_calls: Sequence[Any]) -> list[Any]:
+    """``tool_calls`` as Hugging Face chat templates take them: ``arguments`` as an object."""
+    out = []
+    for call in tool_calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                arguments = json.loads(function["arguments"])
+            except json.JSONDecodeError:
+                arguments = function["arguments"]
+            call = {**call, "function": {**function, "arguments": arguments}}
+        out.append(call)
+    return out
+
+
+# ---- reading calls out of the output --------------------------------------------------------
+
+
+@dataclass
+class ScannedCall:
+    name: str
+    arguments: str  # the arguments' JSON text so far
+    complete: bool  # the arguments are whole
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """Where the JSON value that starts at ``text[start]`` ends (one past it), or None if
+    ``text`` stops before it does. A scalar ends at the first character that cannot be part
+    of it, so it needs one character after it."""
+    if start >= len(text):
+        return None
+    first = text[start]
+    if first == '"' or first in "{[":
+        depth, in_string, escaped = 0, False, False
+        for i in range(start, len(text)):
+            c = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif c == "\\":
+                    escaped = True
+                elif c == '"':
+                    in_string = False
+                    if depth == 0:
+                        return i + 1
+            elif c == '"':
+                in_string = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+        return None
+    for i in range(start, len(text)):
+        if text[i] in ",}] \n\t":
+            return i
+    return None
+
+
+def scan_calls(text: str) -> tuple[list[ScannedCall], bool]:
+    """The calls in ``text`` (a call block, or the start of one) so far, and whether the block
+    is closed. Each call is reported once its name is known, with the arguments so far."""
+    calls: list[ScannedCall] = []
+    pos = len(CALL_START) + 1  # past "<tool_call>["
+    if not text.startswith(CALL_START + "["):
+        return calls, False
+    while True:
+        head = '{"name": "'
+        if not text.startswith(head, pos):
+            return calls, False
+        name_end = text.find('"', pos + len(head))
+        if name_end < 0:
+            return calls, False
+        name = text[pos + len(head) : name_end]
+        args_key = ', "arguments": '
+        if not text.startswith(args_key, name_end + 1):
+            return calls, False
+        start = name_end + 1 + len(args_key)
+        end = _value_end(text, start)
+        calls.append(ScannedCall(name, text[start : len(text) if end is None else end],
+                                 end is not None))  # fmt: skip
+        if end is None or not text.startswith("}", end):
+            return calls, False
+        pos = end + 1
+        if text.startswith(", ", pos):
+            pos += 2
+            continue
+        return calls, text.startswith("]" + CALL_END, pos)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_calls_json(calls: Sequence[ScannedCall], ids: Sequence[str]) -> list[dict[str, Any]]:
+    """OpenAI's ``message.tool_calls``."""
+    return [
+        {"id": ids[k], "type": "function",
+         "function": {"name": call.name, "arguments": call.arguments}}
+        for k, call in enumerate(calls)
+    ]  # fmt: skip
+
+
+@dataclass
+class CallStream:
+    """One streamed choice's output as OpenAI's deltas: text as ``content``; a call block as
+    ``tool_calls`` items (the first for each call with its ``id``, ``type`` and name, then its
+    arguments in pieces). With ``auto``, text that could still become the call marker is held
+    back until it either is the marker or cannot be."""
+
+    may_call: bool
+    must_call: bool
+    text: str = ""
+    mode: str | None = None  # "text" or "calls" once known
+    ids: list[str] = field(default_factory=list)
+    sent_arguments: list[int] = field(default_factory=list)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.may_call:
+            self.mode = "text"
+        elif self.must_call:
+            self.mode = "calls"
+
+    def feed(self, new_text: str) -> list[dict[str, Any]]:
+        """The deltas ``new_text`` makes (none, one content delta, or tool-call deltas)."""
+        before = len(self.text)
+        self.text += new_text
+        if self.mode is None:
+            if self.text.startswith(CALL_START):
+                self.mode = "calls"
+            elif CALL_START.startswith(self.text):
+                return []  # still maybe a call
+            else:
+                self.mode = "text"
+                return [{"content": self.text}] if self.text else []
+        if self.mode == "text":
+            return [{"content": self.text[before:]}] if self.text[before:] else []
+        return self._call_deltas()
+
+    def _call_deltas(self) -> list[dict[str, Any]]:
+        calls, self.closed = scan_calls(self.text)
+        items = []
+        for k, call in enumerate(calls):
+            piece = call.arguments[self.sent_arguments[k] :] if k < len(self.ids) else ""
+            if k == len(self.ids):  # a new call: its first item has the id, type and name
+                self.ids.append(new_call_id())
+                self.sent_arguments.append(0)
+                piece = call.arguments
+                items.append({"index": k, "id": self.ids[k], "type": "function",
+                              "function": {"name": call.name, "arguments": piece}})  # fmt: skip
+            elif piece:
+                items.append({"index": k, "function": {"arguments": piece}})
+            self.sent_arguments[k] = len(call.arguments)
+        return [{"tool_calls": items}] if items else []
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Deltas for text still held back when the output ends (a reply that was a prefix
+        of the marker)."""
+        if self.mode is None and self.text:
+            self.mode = "text"
+            return [{"content": self.text}]
+        return []
+
+    @property
+    def called(self) -> bool:
+        return self.mode == "calls" and bool(self.ids)
+
+
+def parse_output(text: str, choice: ToolChoice) -> tuple[list[ScannedCall], bool] | None:
+    """The calls in a whole output and whether their block is closed; None if the output is a
+    text reply."""
+    if not choice.calls:
+        return None
+    if choice.mode == "auto" and not text.startswith(CALL_START):
+        return None
+    return scan_calls(text)
