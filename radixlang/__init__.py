@@ -32,6 +32,7 @@ from radixlang.lang.choices import (
 from radixlang.lang.function import Function, function
 from radixlang.lang.run_options import get_default_backend, set_default_backend
 from radixlang.lang.state import ProgramState, ProgramStateGroup
+from radixlang.lang.structured import StructuredOutputError
 from radixlang.version import __version__
 
 
@@ -52,6 +53,7 @@ __all__ = [
     "ProgramStateGroup",
     "Runtime",
     "RuntimeEndpoint",
+    "StructuredOutputError",
     "__version__",
     "assistant",
     "assistant_begin",

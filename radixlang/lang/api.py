@@ -6,13 +6,19 @@ with ``import radixlang as sgl``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from radixlang.lang.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlang.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
 from radixlang.lang.run_options import get_default_backend
+from radixlang.lang.structured import (
+    check_ebnf,
+    check_grammar,
+    check_regex,
+    only_one,
+)
+from radixlang.lang.structured import json_schema as structured_json_schema
 
 
 def gen(
@@ -37,12 +43,27 @@ def gen(
     choices: Sequence[str] | None = None,
     choices_method: ChoicesSamplingMethod | None = None,
     regex: str | None = None,
-    json_schema: str | None = None,
+    json_schema: dict[str, Any] | str | type | None = None,
     seed: int | None = None,
     stop_regex: Any = None,
+    ebnf: str | None = None,
+    grammar: str | None = None,
 ) -> Expr:
     """Generate into variable ``name``. Unset arguments take the run's defaults (``run(...)``);
-    ``choices=`` makes it a :func:`select`."""
+    ``choices=`` makes it a :func:`select`.
+
+    Structured output (at most one of these, or ``dtype``/``choices``): ``regex=`` (the output
+    fully matches it), ``json_schema=`` (a JSON-schema dict, its JSON text, or a pydantic model
+    class: the output is compact JSON valid under it), ``grammar=`` (a Lark grammar with a
+    ``start`` rule, llguidance's dialect) or ``ebnf=`` (SGLang's EBNF, ``root ::= ...``). Each is
+    checked here, so a bad one raises :class:`~radixlang.lang.structured.StructuredOutputError`
+    (a ``ValueError``) before anything runs. ``s[name]`` is the text; ``s.parsed(name)`` is the
+    pydantic instance, the JSON value, or the ``dtype``'s value."""
+    only_one(
+        name,
+        dict(regex=regex, json_schema=json_schema, grammar=grammar, ebnf=ebnf, dtype=dtype,
+             choices=choices or None),
+    )  # fmt: skip
     if choices:
         return select(
             name,
@@ -53,10 +74,12 @@ def gen(
     if stop_regex:
         raise ValueError("stop_regex is not supported: use stop strings or regex=")
     if regex is not None:
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"gen({name!r}): bad regex {regex!r}: {e}") from None
+        check_regex(name, regex)
+    schema = None if json_schema is None else structured_json_schema(name, json_schema)
+    if grammar is not None:
+        check_grammar(name, grammar)
+    if ebnf is not None:
+        check_ebnf(name, ebnf)
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"gen({name!r}): n must be a positive int, got {n!r}")
     if dtype is not None:
@@ -80,7 +103,16 @@ def gen(
         top_logprobs_num=top_logprobs_num,
         seed=seed,
     )
-    return Gen(name, sampling, n=n or 1, dtype=dtype, regex=regex, json_schema=json_schema)
+    return Gen(
+        name,
+        sampling,
+        n=n or 1,
+        dtype=dtype,
+        regex=regex,
+        json_schema=schema,
+        grammar=grammar,
+        ebnf=ebnf,
+    )
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

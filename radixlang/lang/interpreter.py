@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from radixlang.lang.backends.base import Backend
+from radixlang.lang.backends.base import Backend, StreamMeta
 from radixlang.lang.chat_template import ChatTemplate
 from radixlang.lang.ir import (
     ConcatenateAndAppend,
@@ -99,6 +99,10 @@ class StateExecutor:
         self.messages: list[dict[str, Any]] = []
         self.variables: dict[str | None, Any] = {}
         self.meta_info: dict[str | None, Any] = {}
+        # The gen that made each variable (what s.parsed reads it by).
+        self.gens: dict[str | None, Gen] = {}
+        # A streamed gen's pieces: (text, chunk meta_info), appended as they come.
+        self.stream_chunks: dict[str | None, list[tuple[str, dict[str, Any]]]] = {}
         self.cur_role: str | None = None
         self.cur_role_begin = 0
         self.fork_start: int | None = None
@@ -172,6 +176,19 @@ class StateExecutor:
             await signal.wait_async()
         return self._value(name)
 
+    def parsed_var(self, name: str | None) -> Any:
+        """Variable ``name`` read by the gen that made it (see ``ProgramState.parsed``)."""
+        from radixlang.lang.structured import StructuredOutputError, parse_output
+
+        value = self.get_var(name)
+        gen = self.gens.get(name)
+        if gen is None:
+            raise StructuredOutputError(
+                f"s.parsed({name!r}): {name!r} was not made by a gen (a select or var_scope "
+                f"holds plain text): read s[{name!r}]"
+            )
+        return parse_output(name, gen, value)
+
     def _value(self, name: str | None) -> Any:
         if name in self._failed:
             raise self.error  # type: ignore[misc]
@@ -203,6 +220,7 @@ class StateExecutor:
         self.messages = list(parent.messages)
         self.variables = dict(parent.variables)
         self.meta_info = dict(parent.meta_info)
+        self.gens = dict(parent.gens)
         self.inherited_vars = set(parent.variables)
         self.cur_role = parent.cur_role
         self.cur_role_begin = parent.cur_role_begin
@@ -248,13 +266,20 @@ class StateExecutor:
             return
         gathered: dict[str | None, list[Any]] = {}
         metas: dict[str | None, list[Any]] = {}
+        gens: dict[str | None, Gen] = {}
         for child in children:
             for name, value in child.variables.items():
                 if name not in child.inherited_vars:
                     gathered.setdefault(name, []).append(value)
                     metas.setdefault(name, []).append(child.meta_info.get(name))
+                    if name in child.gens:
+                        gens[name] = child.gens[name]
         self.sync()
         for name, values in gathered.items():
+            if name in gens:
+                self.gens[name] = gens[name]
+            else:
+                self.gens.pop(name, None)
             self._set_var(name, values, metas[name])
 
     def end_program(self) -> None:
@@ -338,6 +363,7 @@ class StateExecutor:
             start = self.variables.get(expr.name)
             if not isinstance(start, int):
                 raise ProgramError(f"var_scope {expr.name!r} ended but never began")
+            self.gens.pop(expr.name, None)
             self._set_var(expr.name, self.text[start:], None)
         elif isinstance(expr, Variable):
             self.text += str(expr.source.get_var(expr.name))
@@ -375,11 +401,12 @@ class StateExecutor:
             regex = dtype_regex(expr.dtype)
         if regex is not None:
             sampling["regex"] = regex
-        if expr.json_schema is not None:
-            raise ProgramError(
-                "gen(json_schema=...) needs JSON-schema constrained decoding, which radixlang "
-                "does not have yet; use regex= or dtype= meanwhile"
-            )
+        elif expr.json_schema is not None:
+            sampling["json_schema"] = expr.json_schema  # its JSON text, as SGLang sends it
+        elif expr.grammar is not None:
+            sampling["grammar"] = expr.grammar
+        elif expr.ebnf is not None:
+            sampling["ebnf"] = expr.ebnf
         return sampling
 
     def _gen(self, expr: Gen) -> None:
@@ -393,6 +420,7 @@ class StateExecutor:
                 self.backend.generate_chat,
                 self.backend.generate_chat_stream,
             )
+        self.gens[expr.name] = expr
         if expr.n > 1:
             with ThreadPoolExecutor(expr.n) as pool:
                 calls = [pool.submit(generate, prompt, sampling) for _ in range(expr.n)]
@@ -400,13 +428,20 @@ class StateExecutor:
             self.text += outs[0][0]
             self._set_var(expr.name, [t for t, _ in outs], [m for _, m in outs])
         elif self.stream:
-            self.variables[expr.name] = ""
+            chunks: list[tuple[str, dict[str, Any]]] = []
+            tracker = StreamMeta()
             meta: dict[str, Any] = {}
-            for piece, meta in generate_stream(prompt, sampling):  # noqa: B007
-                self.text += piece
-                self.variables[expr.name] += piece
-                self._changed()
-            self._set_var(expr.name, self.variables[expr.name], meta)
+            with self._cond:
+                self.stream_chunks[expr.name] = chunks
+                self.variables[expr.name] = ""
+            for piece, meta in generate_stream(prompt, sampling):
+                chunk_meta = tracker.piece(meta)
+                with self._cond:
+                    self.text += piece
+                    self.variables[expr.name] += piece
+                    chunks.append((piece, chunk_meta))
+                    self._cond.notify_all()
+            self._set_var(expr.name, self.variables[expr.name], tracker.final(meta))
         else:
             text, meta = generate(prompt, sampling)
             self.text += text
@@ -429,6 +464,7 @@ class StateExecutor:
 
     def _select(self, expr: Select) -> None:
         decision = self.backend.select(self.text, expr.choices, expr.temperature, expr.method)
+        self.gens.pop(expr.name, None)
         self.text += decision.decision
         self._set_var(expr.name, decision.decision, decision.meta_info)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixlang.lang.choices import ChoicesSamplingMethod
+    from radixlang.lang.structured import JsonSchema
 
 _ids = itertools.count()
 
@@ -110,7 +111,11 @@ class SamplingDefaults:
 
 
 class Gen(Expr):
-    """Generate text into variable ``name`` (``None`` keeps it only in the text)."""
+    """Generate text into variable ``name`` (``None`` keeps it only in the text).
+
+    At most one constraint on the output's form: ``regex``, ``json_schema`` (checked by ``gen``:
+    its JSON text, the schema, and the pydantic model it came from), a Lark ``grammar``, an
+    ``ebnf`` grammar, or a ``dtype``."""
 
     def __init__(
         self,
@@ -120,7 +125,9 @@ class Gen(Expr):
         n: int = 1,
         dtype: type | str | None = None,
         regex: str | None = None,
-        json_schema: str | None = None,
+        json_schema: JsonSchema | None = None,
+        grammar: str | None = None,
+        ebnf: str | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -128,7 +135,22 @@ class Gen(Expr):
         self.n = n
         self.dtype = dtype
         self.regex = regex
-        self.json_schema = json_schema
+        self.schema = json_schema
+        self.grammar = grammar
+        self.ebnf = ebnf
+
+    @property
+    def json_schema(self) -> str | None:
+        """The JSON schema's text, as backends send it."""
+        return None if self.schema is None else self.schema.text
+
+    @property
+    def constraint_kind(self) -> str | None:
+        """Which constraint the output follows: regex, json_schema, grammar, ebnf, dtype."""
+        for kind in ("regex", "json_schema", "grammar", "ebnf", "dtype"):
+            if getattr(self, kind) is not None:
+                return kind
+        return None
 
     def __repr__(self) -> str:
         return f"Gen({self.name!r})"

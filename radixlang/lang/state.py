@@ -56,6 +56,23 @@ class ProgramState:
         await self.executor.settle_async()
         return self
 
+    def parsed(self, name: str) -> Any:
+        """Variable ``name`` as a value, read by the gen that made it (``s[name]`` is its text):
+
+        - ``gen(json_schema=Model)`` with a pydantic model class: ``Model.model_validate_json``
+          of the text, a ``Model`` instance;
+        - ``gen(json_schema=...)`` with a dict or JSON text: the ``json.loads`` value, validated
+          against the schema;
+        - ``gen(dtype=...)``, ``gen_int``, ``gen_string``: the ``int``, ``float``, ``bool`` or
+          ``str`` (the string without its quotes);
+        - a list of these for a list of outputs (``n`` > 1, or gathered from forked branches).
+
+        Raises :class:`~radixlang.lang.structured.StructuredOutputError` (a ``ValueError``) when
+        the output does not parse (e.g. JSON cut off by ``max_tokens``) or when ``name``'s gen has
+        neither a schema nor a dtype (a plain, regex, grammar or ebnf gen, a select, a scope):
+        there is nothing to parse it by, and its text is ``s[name]``."""
+        return self.executor.parsed_var(name)
+
     def get_meta_info(self, name: str) -> Any:
         self.executor.get_var(name)
         return self.executor.meta_info.get(name)
@@ -120,9 +137,29 @@ class ProgramState:
             group.join()
 
     # ---- streaming -------------------------------------------------------------------------
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+    def text_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> Iterator[Any]:
         """The text (or variable ``var_name``) piece by piece as it is generated; all at once
-        when the program was not run with ``stream=True``."""
+        when the program was not run with ``stream=True``.
+
+        ``return_meta_data=True`` (with a ``var_name``) yields ``(piece, meta_info)`` pairs, as
+        SGLang's ``text_async_iter`` does: each piece's meta_info has ``prompt_tokens``,
+        ``cached_tokens`` and ``completion_tokens`` so far and, when the gen asked for
+        log-probabilities (``return_logprob=True``), the piece's own ``output_token_logprobs``
+        (``(logprob, token_id, text or None)`` per token) and the running
+        ``output_token_logprobs_length``. Tokens that carry no text yet join the next piece's
+        meta_info; ones after the last text (e.g. the end-of-text token) are only in
+        ``s.get_meta_info(var_name)``, the whole generation's. Without ``stream=True`` there is
+        one pair: the value and that whole meta_info."""
+        if return_meta_data:
+            if var_name is None:
+                raise ValueError(
+                    "text_iter(return_meta_data=True) needs a var_name: meta_info belongs to one "
+                    "gen's output, not to the whole text"
+                )
+            yield from self._pieces_with_meta(var_name)
+            return
         ex = self.executor
         if not ex.stream:
             yield self.text() if var_name is None else self.get_var(var_name)
@@ -143,10 +180,45 @@ class ProgramState:
                 return
             ex.wait_change(seen, var_name)
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+    def _pieces_with_meta(self, name: str) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        ex = self.executor
+        if not ex.stream:
+            yield self.get_var(name), self.get_meta_info(name)
+            return
+        from radixlang.lang.backends.base import merge_pieces
+
+        chunks: list[tuple[str, dict[str, Any]]] | None = None
+        taken = 0
+        text, metas = "", []  # pieces taken but not yet yielded (no text so far)
+        while True:
+            seen = ex._progress(name)
+            quiet = ex._quiet(name)  # read before the chunks: none can come after it is seen
+            if chunks is None:
+                chunks = ex.stream_chunks.get(name)
+            if chunks is not None and len(chunks) > taken:
+                new = chunks[taken:]
+                taken += len(new)
+                text += "".join(piece for piece, _ in new)
+                metas += [meta for _, meta in new]
+                if text:
+                    yield text, merge_pieces(metas)
+                    text, metas = "", []
+                continue
+            if quiet:
+                ex.raise_error()
+                if chunks is None and name in ex.variables:
+                    # Made without streaming (a select, a scope, n > 1): one pair.
+                    yield ex.variables[name], ex.meta_info.get(name)
+                return
+            ex.wait_change(seen, name)
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """:meth:`text_iter` for event loops (it waits without blocking the loop)."""
         import asyncio
 
-        iterator = self.text_iter(var_name)
+        iterator = self.text_iter(var_name, return_meta_data)
         done = object()
         while True:
             piece = await asyncio.to_thread(next, iterator, done)

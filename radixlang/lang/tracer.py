@@ -148,6 +148,14 @@ class TracingExecutor(StateExecutor):
     async def get_var_async(self, name: str | None) -> Any:
         return self.get_var(name)
 
+    def parsed_var(self, name: str | None) -> Any:
+        self.get_var(name)
+        raise TracingError(
+            f"the program's Python parses variable {name!r} (s.parsed), which is unknown when "
+            "tracing: trace() and compile() need control flow that does not depend on generated "
+            "values (run the program instead)"
+        )
+
     def enter_call(self, name: str) -> None:
         self._node("call", name)
 
@@ -225,7 +233,11 @@ class TracingExecutor(StateExecutor):
             if self.recording.prefix_mode:
                 raise _FirstCall(self.text)
             kind = "gen" if isinstance(expr, Gen) else "select"
-            label = expr.name or "" if isinstance(expr, Gen) else f"{expr.name} {expr.choices}"
+            if isinstance(expr, Gen):
+                constraint = expr.constraint_kind
+                label = (expr.name or "") + (f" [{constraint}]" if constraint else "")
+            else:
+                label = f"{expr.name} {expr.choices}"
             node = self._node(kind, str(label))
             self.recording.var_nodes[(self.chain, expr.name)] = node.id
             self.variables[expr.name] = _var_marker(self.chain, expr.name)

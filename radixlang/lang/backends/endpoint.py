@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from radixlang.lang.backends.base import Backend
+from radixlang.lang.backends.base import Backend, StreamMeta
 from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
 from radixlang.lang.chat_template import PLAIN, ChatTemplate, from_jinja
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
@@ -69,10 +69,15 @@ class RuntimeEndpoint(Backend):
     def generate_stream(
         self, prompt: str, sampling: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """SGLang's stream: each event's ``text`` is cumulative; its ``meta_info`` has the
+        counts so far and, with ``return_logprob``, the tokens' logprobs (every token's so far,
+        or only the event's with SGLang's incremental streaming: both are taken). Yields each
+        event's new text with its chunk meta_info, then the whole meta_info."""
         body = _generate_body(prompt, sampling)
         body["stream"] = True
         sent = ""
         last: dict[str, Any] = {}
+        tracker = StreamMeta()
         for event in self.service.events("/generate", body):
             text = event.get("text", "")
             if not text.startswith(sent):
@@ -80,11 +85,12 @@ class RuntimeEndpoint(Backend):
                     f"{_SERVER} streamed text that does not extend the text before it "
                     "(expected SGLang's cumulative stream)"
                 )
-            if len(text) > len(sent):
-                yield text[len(sent) :], {}
+            piece = tracker.piece(_meta_info({"meta_info": event.get("meta_info")}))
+            if len(text) > len(sent) or piece.get("output_token_logprobs"):
+                yield text[len(sent) :], piece
                 sent = text
             last = event
-        yield "", _meta_info(last)
+        yield "", tracker.final(_meta_info(last))
 
     def cache_prefix(self, prompt: str, wait: bool = False) -> None:
         # Always synchronous: a fork's branches are sent after this returns, so all of them

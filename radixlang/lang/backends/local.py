@@ -36,11 +36,28 @@ class LocalBackend(Backend):
     def generate_stream(
         self, prompt: str, sampling: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each engine step's new text with SGLang's chunk meta_info (see ``Backend``): the
+        token counts so far and, with ``return_logprob``, the step's own token logprobs."""
         handle = self._submit(prompt, sampling)
+        logprobs = bool(sampling.get("return_logprob"))
+        meta: dict[str, Any] = {}
+        completion = 0
         try:
             for event in handle:
-                if event.text:
-                    yield event.text, {}
+                if not event.token_ids and not event.text:
+                    continue
+                completion += len(event.token_ids)
+                meta = {**meta, "completion_tokens": completion}
+                if event.token_ids:  # a token's event knows the prompt's counts
+                    meta["prompt_tokens"] = event.prompt_tokens
+                    meta["cached_tokens"] = event.cached_tokens
+                piece = dict(meta)
+                if logprobs:
+                    pairs = zip(event.logprobs, event.token_ids, strict=False)
+                    piece["output_token_logprobs"] = [(lp, tok, None) for lp, tok in pairs]
+                    piece["output_top_logprobs"] = list(event.top_logprobs)
+                    piece["output_token_logprobs_length"] = completion
+                yield event.text, piece
             result = handle.result()
         except BaseException:
             handle.abort()

@@ -7,12 +7,21 @@ log-probabilities for given text). ``is_chat_model=False`` uses ``/completions``
 program's text, where ``select`` scores choices with ``echo`` and prompt log-probabilities.
 
 Sampling parameters arrive in the engine's names and leave in OpenAI's; the ones OpenAI lacks
-(``top_k``, ``min_p``, ``regex``, ...) are sent, as vLLM and SGLang take them, only when a
+(``top_k``, ``min_p``, ``regex``, ``ebnf``, ...) are sent, as vLLM and SGLang take them, only when a
 program sets them, so a plain program stays a valid request for any service.
+
+Structured output: ``gen(json_schema=...)`` becomes a chat request's ``response_format``
+(``json_schema``, strict, every object closed to other keys as strict mode requires), or a
+completions request's ``json_schema`` extra (SGLang's). OpenAI's own service
+(``api.openai.com``) takes no regex or EBNF (nor ``dtype=``, ``gen_int``, ``gen_string``, which
+are regexes) and no JSON schema on completions: those raise ``NotImplementedError`` before a
+request is sent. A Lark ``grammar=`` is not part of any OpenAI-compatible API here and always
+raises.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -31,6 +40,7 @@ _EXTRAS: dict[str, tuple[str, Any]] = {
     "min_p": ("min_p", 0.0),
     "repetition_penalty": ("repetition_penalty", 1.0),
     "regex": ("regex", None),
+    "ebnf": ("ebnf", None),
     "ignore_eos": ("ignore_eos", False),
     "min_new_tokens": ("min_tokens", 0),
     "stop_token_ids": ("stop_token_ids", []),
@@ -65,6 +75,8 @@ class OpenAI(Backend):
         )
         self.client = self.service.client
         self.is_chat_model = is_chat_model
+        # OpenAI's own service, which takes none of the extras other services do.
+        self.official = "api.openai.com" in self.base_url
         self.chat_template = chat_template or (CHAT_MESSAGES if is_chat_model else PLAIN)
 
     def get_chat_template(self) -> ChatTemplate:
@@ -73,7 +85,11 @@ class OpenAI(Backend):
     # ---- completions -------------------------------------------------------------------------
     def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self._need_completions("gen over the program's text")
-        body = {"model": self.model, "prompt": prompt, **_params(sampling, chat=False)}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            **_params(sampling, chat=False, official=self.official),
+        }
         out = self.service.post("/completions", body)
         choice = out["choices"][0]
         return choice.get("text") or "", _meta_info(out, choice, chat=False)
@@ -82,14 +98,22 @@ class OpenAI(Backend):
         self, prompt: str, sampling: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         self._need_completions("gen over the program's text")
-        body = {"model": self.model, "prompt": prompt, **_params(sampling, chat=False)}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            **_params(sampling, chat=False, official=self.official),
+        }
         yield from _pieces(self.service.events("/completions", _streaming(body)), chat=False)
 
     # ---- chat completions --------------------------------------------------------------------
     def generate_chat(
         self, messages: list[dict[str, Any]], sampling: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
-        body = {"model": self.model, "messages": messages, **_params(sampling, chat=True)}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            **_params(sampling, chat=True, official=self.official),
+        }
         out = self.service.post("/chat/completions", body)
         choice = out["choices"][0]
         content = (choice.get("message") or {}).get("content")
@@ -98,7 +122,11 @@ class OpenAI(Backend):
     def generate_chat_stream(
         self, messages: list[dict[str, Any]], sampling: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        body = {"model": self.model, "messages": messages, **_params(sampling, chat=True)}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            **_params(sampling, chat=True, official=self.official),
+        }
         yield from _pieces(self.service.events("/chat/completions", _streaming(body)), chat=True)
 
     # ---- select ------------------------------------------------------------------------------
@@ -175,8 +203,9 @@ class OpenAI(Backend):
         self.shutdown()
 
 
-def _params(sampling: dict[str, Any], chat: bool) -> dict[str, Any]:
+def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dict[str, Any]:
     """Engine sampling names -> an OpenAI request's fields."""
+    _check_structured(sampling, chat, official)
     out: dict[str, Any] = {
         "max_tokens": sampling.get("max_new_tokens", 128),
         "temperature": sampling.get("temperature", 1.0),
@@ -195,6 +224,16 @@ def _params(sampling: dict[str, Any], chat: bool) -> dict[str, Any]:
         if value is None or value == default or (name == "top_k" and value == 0):
             continue
         out[key] = value
+    if sampling.get("json_schema") is not None:
+        schema = sampling["json_schema"]
+        schema = json.loads(schema) if isinstance(schema, str) else schema
+        if chat:
+            out["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": _strict(schema), "strict": True},
+            }
+        else:  # SGLang's completions extra: the schema's JSON text
+            out["json_schema"] = json.dumps(schema)
     if sampling.get("return_logprob"):
         top = sampling.get("top_logprobs_num") or 0
         if chat:
@@ -203,6 +242,56 @@ def _params(sampling: dict[str, Any], chat: bool) -> dict[str, Any]:
                 out["top_logprobs"] = top
         else:
             out["logprobs"] = top
+    return out
+
+
+def _check_structured(sampling: dict[str, Any], chat: bool, official: bool) -> None:
+    """Refuse the structured output the service cannot follow, before any request."""
+    if sampling.get("grammar") is not None:
+        raise NotImplementedError(
+            "gen(grammar=...) (a Lark grammar) is not supported on the OpenAI backend: "
+            "OpenAI-compatible APIs take no Lark grammars. Use a local Runtime or a radixlang "
+            "server through RuntimeEndpoint, or ebnf= with a server that takes it"
+        )
+    if not official:
+        return
+    for key, what in (("regex", "regex= (or dtype=, gen_int, gen_string)"), ("ebnf", "ebnf=")):
+        if sampling.get(key) is not None:
+            raise NotImplementedError(
+                f"OpenAI does not support {key}-constrained output: gen({what}) cannot run on "
+                "api.openai.com. Use json_schema=, or a radixlang/SGLang server (RuntimeEndpoint, "
+                "or OpenAI(base_url=...) pointing at one)"
+            )
+    if sampling.get("json_schema") is not None and not chat:
+        raise NotImplementedError(
+            "OpenAI's completions API does not support json_schema: use a chat model "
+            "(is_chat_model=True), where it becomes response_format"
+        )
+
+
+# Where a JSON schema holds subschemas: maps of them, lists of them, and single ones.
+_SUB_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUB_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUB_ONE = ("items", "additionalProperties", "not", "contains")
+
+
+def _strict(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on each object that lists properties and
+    says nothing of other keys (OpenAI's strict mode requires it)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUB_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _strict(v) for k, v in out[key].items()}
+    for key in _SUB_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_strict(v) for v in out[key]]
+    for key in _SUB_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _strict(out[key])
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
     return out
 
 

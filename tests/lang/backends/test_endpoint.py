@@ -344,17 +344,56 @@ def test_generate_stream_yields_pieces_then_the_meta_info_and_closes_when_left_e
     backend = _endpoint(server)
     out = list(backend.generate_stream("Say:", {"max_new_tokens": 4}))
     assert out == [
-        ("He", {}),
-        ("llo", {}),
-        ("!", {}),
+        ("He", {"id": "r"}),  # each piece with its event's meta_info
+        ("llo", {"id": "r"}),
+        ("!", FINAL_META),
         ("", {**FINAL_META, "output_ids": [5, 6, 7, 8]}),
     ]
     assert streams[-1].closed
 
     pieces = backend.generate_stream("Say:", {"max_new_tokens": 4})
-    assert next(pieces) == ("He", {})
+    assert next(pieces) == ("He", {"id": "r"})
     pieces.close()  # the consumer stops: the response is closed, so the server aborts
     assert streams[-1].closed
+
+
+def _logprob_events(incremental: bool) -> list[Any]:
+    """A streamed gen with return_logprob: four tokens over three events, the second of which
+    has no text yet; per-token lists cumulative, or incremental (SGLang's
+    incremental_streaming_output, with output_token_logprobs_length)."""
+    lps = [[-0.5, 5, None], [-1.0, 6, None], [-1.5, 7, None], [-2.0, 8, None]]
+    events, ends = [], [("He", 1), ("He", 2), ("Hello!", 4)]
+    for i, (text, n) in enumerate(ends):
+        start = ends[i - 1][1] if incremental and i else 0
+        meta = {"id": "r", "prompt_tokens": 2, "completion_tokens": n,
+                "output_token_logprobs": lps[start:n]}  # fmt: skip
+        if incremental:
+            meta["output_token_logprobs_length"] = n
+        events.append({"text": text, "output_ids": [5, 6, 7, 8][:n], "meta_info": meta})
+    return [*events, "[DONE]"]
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_a_stream_with_logprobs_gives_each_piece_its_own_tokens(incremental):
+    server, _ = _stream_server(_logprob_events(incremental))
+
+    @sgl.function
+    def prog(s):
+        s += "Say:" + sgl.gen("x", max_tokens=4, return_logprob=True)
+
+    state = prog.run(backend=_endpoint(server), stream=True)
+    chunks = list(state.text_iter("x", return_meta_data=True))
+    assert "".join(text for text, _ in chunks) == "Hello!"
+    tokens = [tok for _, meta in chunks for _, tok, _ in meta["output_token_logprobs"]]
+    assert tokens == [5, 6, 7, 8]  # every token once, in order, whichever form the server sent
+    for _, meta in chunks:
+        assert meta["output_token_logprobs_length"] == meta["completion_tokens"]
+        assert meta["prompt_tokens"] == 2
+    (body,) = server.generate_bodies()
+    assert body["return_logprob"] is True and "return_logprob" not in body["sampling_params"]
+    final = state.get_meta_info("x")
+    assert [tok for _, tok, _ in final["output_token_logprobs"]] == [5, 6, 7, 8]
+    assert final["output_token_logprobs"][0] == (-0.5, 5, None)
 
 
 def test_an_error_event_mid_stream_raises():

@@ -313,6 +313,60 @@ def test_select_in_chat_mode_says_why_it_cannot():
         prog.run(backend=service.backend())
 
 
+# ---- structured output ----------------------------------------------------------------------
+JSON_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
+               "address": {"type": "object", "properties": {"zip": {"type": "string"}}}},
+               "required": ["city"]}  # fmt: skip
+
+
+def test_json_schema_in_chat_mode_is_a_strict_response_format():
+    service = ScriptedService(lambda path, body: _chat_completion('{"city": "Oslo"}'))
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("Where?")
+        s += sgl.assistant(sgl.gen("where", json_schema=JSON_SCHEMA, max_tokens=16))
+
+    state = prog.run(backend=service.backend())
+    assert state.parsed("where") == {"city": "Oslo"}
+    (_, body), = service.requests  # fmt: skip
+    closed = {**JSON_SCHEMA, "additionalProperties": False}
+    closed["properties"] = {**JSON_SCHEMA["properties"]}
+    closed["properties"]["address"] = {**JSON_SCHEMA["properties"]["address"],
+                                       "additionalProperties": False}  # fmt: skip
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": closed, "strict": True},
+    }
+    assert "json_schema" not in body and "regex" not in body
+
+
+def test_structured_extras_on_a_compatible_service_and_what_openai_itself_refuses():
+    service = ScriptedService(lambda path, body: _completion("{}"))
+
+    @sgl.function
+    def completion(s, kind, value):
+        s += "X" + sgl.gen("x", max_tokens=4, **{kind: value})
+
+    compatible = service.backend(is_chat_model=False)
+    completion.run(kind="json_schema", value=JSON_SCHEMA, backend=compatible)
+    completion.run(kind="ebnf", value='root ::= "a"', backend=compatible)
+    sent = [body for _, body in service.requests]
+    assert sent[0]["json_schema"] == json.dumps(JSON_SCHEMA)  # SGLang's completions extra
+    assert sent[1]["ebnf"] == 'root ::= "a"'
+    with pytest.raises(NotImplementedError, match="Lark grammar"):
+        completion.run(kind="grammar", value='start: "a"', backend=compatible)
+
+    official = OpenAI("m", api_key="sk", is_chat_model=False,
+                      transport=httpx.MockTransport(service.handle))  # fmt: skip
+    for kind, value in (("regex", "[a-z]+"), ("ebnf", 'root ::= "a"'), ("dtype", int)):
+        with pytest.raises(NotImplementedError, match="OpenAI does not support"):
+            completion.run(kind=kind, value=value, backend=official)
+    with pytest.raises(NotImplementedError, match="completions API does not support json_schema"):
+        completion.run(kind="json_schema", value=JSON_SCHEMA, backend=official)
+    assert len(service.requests) == 2  # nothing was sent for the refused gens
+
+
 # ---- errors and keys --------------------------------------------------------------------------
 def test_a_service_error_becomes_an_openai_error_with_status_and_message():
     error = {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
