@@ -7,10 +7,12 @@ A JSON-extraction workload: N (default 32) short made-up invoices, each to be tu
 under one schema with long fixed keys (``"customer_full_legal_name"``,
 ``"invoice_total_amount_in_euros"``, ...), a nested object, an enum, a bounded integer and an
 array with ``maxItems``. On the default model (bfloat16), all N requests submitted at once
-(one batch), three modes in the same run:
+(one batch), four modes in the same run:
 
 (a) constrained (``json_schema``), jump-forward on: the text the grammar forces (the keys and
     the punctuation between them) is appended without a decode step of its own;
+(a') the same, with the masks filled after the forward instead of beside it
+     (``overlap_masks=False``);
 (b) constrained, jump-forward off: every output token is one decode step;
 (c) unconstrained, the same prompts, each request generating exactly as many tokens as its
     output in (a) (``ignore_eos``, ``max_new_tokens`` = that count).
@@ -19,7 +21,9 @@ Reported per mode: forward passes (the engine's ``steps``), generated tokens, to
 forced), wall time and decode throughput (tokens after each request's first, over the time after
 the last first token). Then: the share of forward passes jump-forward cuts (target: at least
 30%), constrained decode throughput over unconstrained (target: at least 0.9x), the grammar
-mask time per step at batch N (p50/p99 from the engine's statistics; target: p99 under 1 ms),
+masks at batch N from the engine's statistics (target: p99 under 1 ms): the fill time per step
+(the library's work, wherever it runs) and the step's wait for its masks after the forward
+(what the step pays; with the masks filled beside the forward, only what it did not hide),
 the schema's compile time (cold, and from the compiled-grammar cache) and the share of outputs
 that are valid JSON under the schema (``jsonschema``; must be 100%). Greedy (temperature 0), each
 mode ``--repeats`` times (min/median/max), and one pass at temperature 1.0 (seeded per request).
@@ -39,7 +43,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -51,6 +54,7 @@ from typing import Any
 import torch
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.testing import write_tiny_chat_model
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -90,7 +94,16 @@ SCHEMA: dict[str, Any] = {
     ],
 }
 
-MODES = ("jump_forward_on", "jump_forward_off", "unconstrained")
+# The masks are filled beside the forward by default (``overlap_masks``); the second mode
+# fills them after it, on the step's critical path, to measure what the overlap saves.
+MODES = ("jump_forward_on", "jump_forward_on_inline_masks", "jump_forward_off", "unconstrained")
+UNCONSTRAINED = MODES[-1]
+MASK_KEYS = (
+    "grammar_mask_ms_p50",
+    "grammar_mask_ms_p99",
+    "grammar_mask_wait_ms_p50",
+    "grammar_mask_wait_ms_p99",
+)
 TARGETS = {"forward_pass_cut": 0.30, "throughput_ratio": 0.9, "mask_p99_ms": 1.0}
 
 # ---- the made-up documents -------------------------------------------------------------------
@@ -173,36 +186,6 @@ def prompt_text(tokenizer: Any, document: str) -> str:
         return f"{messages[0]['content']}\n\n{user}\n\nJSON:"
 
 
-def make_tiny_model(folder: Path) -> Path:
-    """A random-weight 2-layer llama with the default model's tokenizer and chat template."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    default = load_model_files(DEFAULT_MODEL)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=default.config.vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-    model.save_pretrained(folder)
-    for item in default.path.iterdir():  # tokenizer, chat template, generation config
-        weights = item.name.endswith((".safetensors", ".bin", ".gguf"))
-        if item.is_file() and not weights and not (folder / item.name).exists():
-            shutil.copy(item, folder / item.name)
-    return folder
-
-
 # ---- measuring -------------------------------------------------------------------------------
 def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
@@ -224,9 +207,9 @@ def validate(text: str, truth: dict[str, Any]) -> tuple[bool, float, str | None]
 def _reset_mask_window(engine: Any) -> None:
     """The engine keeps its last 2,048 grammar-mask times; emptied before a run (the engine is
     idle), so that the p50/p99 its statistics report cover that run alone."""
-    window = getattr(engine, "_mask_seconds", None)
-    if window is not None:
-        window.clear()
+    masks = getattr(engine, "_masks", None)
+    if masks is not None:
+        masks.reset()
 
 
 def run_mode(
@@ -244,13 +227,14 @@ def run_mode(
         p: dict[str, Any] = {"temperature": temperature}
         if temperature > 0:
             p["seed"] = i
-        if mode == "unconstrained":
+        if mode == UNCONSTRAINED:
             assert lengths is not None
             p.update(max_new_tokens=max(1, lengths[i]), ignore_eos=True)
         else:
             p.update(max_new_tokens=max_new_tokens, json_schema=SCHEMA)
         params.append(p)
-    engine.jump_forward = mode == "jump_forward_on"
+    engine.jump_forward = mode.startswith("jump_forward_on")
+    engine.overlap_masks = mode != "jump_forward_on_inline_masks"
     engine.flush_cache()
     _reset_mask_window(engine)
     before = engine.stats()
@@ -280,7 +264,7 @@ def run_mode(
         "loadavg_1min": os.getloadavg()[0],
         "lengths": [r.completion_tokens for r in results],
     }
-    if mode != "unconstrained":
+    if mode != UNCONSTRAINED:
         checks = [validate(r.text, truth) for r, (_, truth) in zip(results, docs, strict=True)]
         run["valid"] = sum(ok for ok, _, _ in checks)
         run["valid_fraction"] = run["valid"] / len(results)
@@ -291,8 +275,8 @@ def run_mode(
             if not ok
         ][:3]
         run["grammar_mask_steps"] = int(after.get("grammar_mask_steps", 0))
-        run["grammar_mask_ms_p50"] = float(after.get("grammar_mask_ms_p50", 0.0))
-        run["grammar_mask_ms_p99"] = float(after.get("grammar_mask_ms_p99", 0.0))
+        for key in MASK_KEYS:
+            run[key] = float(after.get(key, 0.0))
         run["texts"] = [r.text for r in results]
     errors = [r.error for r in results if r.error]
     if errors:
@@ -311,20 +295,21 @@ def run_pass(
     """Every mode ``repeats`` times (a, b, c in turn), then the per-mode spread and a summary."""
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     for r in range(repeats):
-        on = run_mode(engine, MODES[0], prompts, docs, temperature, max_new_tokens)
-        off = run_mode(engine, MODES[1], prompts, docs, temperature, max_new_tokens)
-        free = run_mode(
-            engine, MODES[2], prompts, docs, temperature, max_new_tokens, lengths=on["lengths"]
-        )
-        for mode, run in zip(MODES, (on, off, free), strict=True):
+        done: list[dict[str, Any]] = []
+        for mode in MODES:
+            lengths = done[0]["lengths"] if mode == UNCONSTRAINED else None
+            done.append(run_mode(engine, mode, prompts, docs, temperature, max_new_tokens, lengths))
+        for mode, run in zip(MODES, done, strict=True):
             runs[mode].append(run)
             print(
-                f"  T={temperature} #{r + 1} {mode:17s} {run['forward_passes']:4d} passes "
+                f"  T={temperature} #{r + 1} {mode:28s} {run['forward_passes']:4d} passes "
                 f"{run['generated_tokens']:5d} tokens ({run['sampled_tokens']} sampled) "
                 f"{run['seconds']:6.2f} s  decode {run['decode_tokens_per_s']:7.1f} tok/s"
                 + (
                     f"  valid {run['valid']}/{len(prompts)}  mask p50 "
-                    f"{run['grammar_mask_ms_p50']:.3f} p99 {run['grammar_mask_ms_p99']:.3f} ms"
+                    f"{run['grammar_mask_ms_p50']:.2f} p99 {run['grammar_mask_ms_p99']:.2f} ms, "
+                    f"step waits p50 {run['grammar_mask_wait_ms_p50']:.2f} "
+                    f"p99 {run['grammar_mask_wait_ms_p99']:.2f} ms"
                     if "valid" in run
                     else ""
                 ),
@@ -343,8 +328,8 @@ def run_pass(
                 "decode_tokens_per_s",
             )
         }
-        if mode != "unconstrained":
-            for key in ("grammar_mask_ms_p50", "grammar_mask_ms_p99", "valid_fraction"):
+        if mode != UNCONSTRAINED:
+            for key in (*MASK_KEYS, "valid_fraction"):
                 entry[key] = spread([float(x[key]) for x in rs])
             entry["field_accuracy"] = statistics.mean(x["field_accuracy"] for x in rs)
         entry["runs"] = [{k: v for k, v in x.items() if k not in ("texts", "lengths")} for x in rs]
@@ -357,19 +342,25 @@ def run_pass(
         "sample_outputs": runs[MODES[0]][0]["texts"][:3],
         "identical_outputs_jump_forward_on_vs_off": sum(
             a == b
-            for a, b in zip(runs[MODES[0]][0]["texts"], runs[MODES[1]][0]["texts"], strict=True)
+            for a, b in zip(runs[MODES[0]][0]["texts"], runs[MODES[2]][0]["texts"], strict=True)
         ),
     }
 
 
 def summarize(modes: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    on, inline, off, free = MODES
     med = {m: {k: v["median"] for k, v in modes[m].items() if isinstance(v, dict)} for m in MODES}
-    cut = 1 - med[MODES[0]]["forward_passes"] / max(med[MODES[1]]["forward_passes"], 1)
-    free_tps = med[MODES[2]]["decode_tokens_per_s"]
-    ratio_on = med[MODES[0]]["decode_tokens_per_s"] / free_tps
-    ratio_off = med[MODES[1]]["decode_tokens_per_s"] / free_tps
-    constrained = runs[MODES[0]] + runs[MODES[1]]
-    p99 = max(x["grammar_mask_ms_p99"] for x in constrained)
+    cut = 1 - med[on]["forward_passes"] / max(med[off]["forward_passes"], 1)
+    free_tps = med[free]["decode_tokens_per_s"]
+    ratios = {m: med[m]["decode_tokens_per_s"] / free_tps for m in (on, inline, off)}
+    constrained = [x for m in (on, inline, off) for x in runs[m]]
+    # Two mask figures: the fill time (the library's work for the batch, wherever it runs) and
+    # the step's wait for masks after its forward (what the step pays; with the overlap on,
+    # only the part of the fill the forward did not hide).
+    fill_p99 = max(x["grammar_mask_ms_p99"] for x in constrained)
+    overlapped = [x for m in (on, off) for x in runs[m]]
+    wait_p99 = max(x["grammar_mask_wait_ms_p99"] for x in overlapped)
+    inline_wait_p99 = max(x["grammar_mask_wait_ms_p99"] for x in runs[inline])
     valid = sum(x["valid"] for x in constrained) / sum(len(x["lengths"]) for x in constrained)
     return {
         "forward_passes": {m: med[m]["forward_passes"] for m in MODES},
@@ -377,14 +368,22 @@ def summarize(modes: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> d
         "forward_pass_cut_by_jump_forward": cut,
         "target_forward_pass_cut_met": cut >= TARGETS["forward_pass_cut"],
         "decode_tokens_per_s": {m: med[m]["decode_tokens_per_s"] for m in MODES},
-        "throughput_ratio_jump_forward_on_vs_unconstrained": ratio_on,
-        "throughput_ratio_jump_forward_off_vs_unconstrained": ratio_off,
-        "target_throughput_ratio_met": ratio_on >= TARGETS["throughput_ratio"],
-        "target_throughput_ratio_met_without_jump_forward": ratio_off
+        "throughput_ratio_jump_forward_on_vs_unconstrained": ratios[on],
+        "throughput_ratio_inline_masks_vs_unconstrained": ratios[inline],
+        "throughput_ratio_jump_forward_off_vs_unconstrained": ratios[off],
+        "overlap_speedup_vs_inline_masks": ratios[on] / ratios[inline],
+        "target_throughput_ratio_met": ratios[on] >= TARGETS["throughput_ratio"],
+        "target_throughput_ratio_met_without_jump_forward": ratios[off]
         >= TARGETS["throughput_ratio"],
         "grammar_mask_ms_p50": statistics.median(x["grammar_mask_ms_p50"] for x in constrained),
-        "grammar_mask_ms_p99_worst_run": p99,
-        "target_mask_p99_met": p99 < TARGETS["mask_p99_ms"],
+        "grammar_mask_ms_p99_worst_run": fill_p99,
+        "grammar_mask_wait_ms_p50": statistics.median(
+            x["grammar_mask_wait_ms_p50"] for x in overlapped
+        ),
+        "grammar_mask_wait_ms_p99_worst_run": wait_p99,
+        "grammar_mask_wait_ms_p99_inline_worst_run": inline_wait_p99,
+        "target_mask_fill_p99_met": fill_p99 < TARGETS["mask_p99_ms"],
+        "target_mask_wait_p99_met": wait_p99 < TARGETS["mask_p99_ms"],
         "valid_fraction": valid,
         "target_all_valid_met": valid == 1.0,
     }
@@ -437,7 +436,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         (axes[1], "decode_tokens_per_s", "decode tokens / s"),
     ):
         for j, mode in enumerate(MODES):
-            xs = [i + (j - 1) * width for i in range(len(passes))]
+            xs = [i + (j - (len(MODES) - 1) / 2) * width for i in range(len(passes))]
             stats = [result[p]["modes"][mode][key] for p in passes]
             mid = [s["median"] for s in stats]
             err = [[s["median"] - s["min"] for s in stats], [s["max"] - s["median"] for s in stats]]
@@ -457,20 +456,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
         free = result[p]["modes"]["unconstrained"]["decode_tokens_per_s"]["median"]
         axes[1].hlines(0.9 * free, i - 0.45, i + 0.45, colors="k", linestyles="--")
     on = greedy["throughput_ratio_jump_forward_on_vs_unconstrained"]
+    inline = greedy["throughput_ratio_inline_masks_vs_unconstrained"]
     off = greedy["throughput_ratio_jump_forward_off_vs_unconstrained"]
     axes[1].set_title(
-        f"(b) constrained / unconstrained: {on:.2f}x (jf on), {off:.2f}x (off); dashed 0.9x",
-        fontsize=9,
+        f"(b) constrained / unconstrained: {on:.2f}x (jf on), {inline:.2f}x (jf on, inline "
+        f"masks), {off:.2f}x (jf off); dashed 0.9x",
+        fontsize=8,
     )
     compile_ = result["compile"]
-    names = ["mask\np50", "mask\np99 (worst run)", "compile\ncold", "compile\ncached"]
+    names = ["fill\np50", "fill\np99", "step wait\np50", "step wait\np99", "inline\nwait p99",
+             "compile\ncold", "compile\ncached"]  # fmt: skip
     values = [
         greedy["grammar_mask_ms_p50"],
         greedy["grammar_mask_ms_p99_worst_run"],
+        greedy["grammar_mask_wait_ms_p50"],
+        greedy["grammar_mask_wait_ms_p99_worst_run"],
+        greedy["grammar_mask_wait_ms_p99_inline_worst_run"],
         compile_["cold_ms"]["median"],
         compile_["cached_ms"]["median"],
     ]
-    bars = axes[2].bar(names, values, color=["C0", "C0", "C1", "C1"])
+    values = [max(v, 1e-3) for v in values]  # a log axis: a wait of 0 shows as 0.001
+    bars = axes[2].bar(names, values, color=["C0", "C0", "C2", "C2", "C3", "C1", "C1"])
     axes[2].bar_label(bars, fmt="%.2f", fontsize=8)
     axes[2].axhline(1.0, color="k", linestyle="--", linewidth=0.8)
     axes[2].set_yscale("log")
@@ -525,7 +531,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             model = args.model
             if model is None:
-                model = str(make_tiny_model(Path(tmp))) if args.quick else DEFAULT_MODEL
+                model = str(write_tiny_chat_model(tmp)) if args.quick else DEFAULT_MODEL
             result = run(args, model)
     finally:  # run in-process by a test: leave the caller's thread count as it was
         torch.set_num_threads(threads_before)
@@ -594,8 +600,15 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "throughput_ratio_jump_forward_off_vs_unconstrained": greedy[
             "throughput_ratio_jump_forward_off_vs_unconstrained"
         ],
-        "grammar_mask_ms_p50": greedy["grammar_mask_ms_p50"],
-        "grammar_mask_ms_p99": greedy["grammar_mask_ms_p99_worst_run"],
+        "throughput_ratio_inline_masks_vs_unconstrained": greedy[
+            "throughput_ratio_inline_masks_vs_unconstrained"
+        ],
+        "overlap_speedup_vs_inline_masks": greedy["overlap_speedup_vs_inline_masks"],
+        "grammar_mask_fill_ms_p50": greedy["grammar_mask_ms_p50"],
+        "grammar_mask_fill_ms_p99": greedy["grammar_mask_ms_p99_worst_run"],
+        "grammar_mask_step_wait_ms_p50": greedy["grammar_mask_wait_ms_p50"],
+        "grammar_mask_step_wait_ms_p99": greedy["grammar_mask_wait_ms_p99_worst_run"],
+        "grammar_mask_step_wait_ms_p99_inline": greedy["grammar_mask_wait_ms_p99_inline_worst_run"],
         "schema_compile_ms_cold": compile_["cold_ms"]["median"],
         "schema_compile_ms_cached": compile_["cached_ms"]["median"],
         "valid_fraction_greedy": greedy["valid_fraction"],
@@ -603,7 +616,8 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "targets_met": {
             "forward_pass_cut_at_least_30pct": greedy["target_forward_pass_cut_met"],
             "throughput_at_least_0.9x": greedy["target_throughput_ratio_met"],
-            "mask_p99_under_1ms": greedy["target_mask_p99_met"],
+            "mask_step_wait_p99_under_1ms": greedy["target_mask_wait_p99_met"],
+            "mask_fill_p99_under_1ms": greedy["target_mask_fill_p99_met"],
             "all_outputs_valid": greedy["target_all_valid_met"]
             and sampled.get("target_all_valid_met", True),
         },

@@ -10,8 +10,13 @@ STRUCTURED_SUMMARY = {
     "forward_pass_cut_by_jump_forward",
     "throughput_ratio_jump_forward_on_vs_unconstrained",
     "throughput_ratio_jump_forward_off_vs_unconstrained",
-    "grammar_mask_ms_p50",
-    "grammar_mask_ms_p99",
+    "throughput_ratio_inline_masks_vs_unconstrained",
+    "overlap_speedup_vs_inline_masks",
+    "grammar_mask_fill_ms_p50",
+    "grammar_mask_fill_ms_p99",
+    "grammar_mask_step_wait_ms_p50",
+    "grammar_mask_step_wait_ms_p99",
+    "grammar_mask_step_wait_ms_p99_inline",
     "schema_compile_ms_cold",
     "schema_compile_ms_cached",
     "valid_fraction_greedy",
@@ -63,8 +68,11 @@ def test_bench_structured_quick_writes_json_and_plot(tmp_path, chat_model_dir):
                 # The grammar guarantees it: every output that ended by itself is valid.
                 assert run["valid"] >= run["finish_reasons"].get("stop", 0), run
                 assert run["grammar_mask_steps"] > 0
-        on, off = (entry["modes"][m]["runs"][0] for m in bench.MODES[:2])
+        on, inline, off = (entry["modes"][m]["runs"][0] for m in bench.MODES[:3])
         assert on["jump_forward_tokens"] > 0 and off["jump_forward_tokens"] == 0
+        # Filling masks beside the forward or after it changes nothing in the outputs.
+        assert on["generated_tokens"] == inline["generated_tokens"]
+        assert on["jump_forward_tokens"] == inline["jump_forward_tokens"]
         # The unconstrained run generates as many tokens as the jump-forward run.
         assert (
             entry["modes"]["unconstrained"]["runs"][0]["generated_tokens"] == on["generated_tokens"]

@@ -29,6 +29,7 @@ from radixlang.models import DEFAULT_MODEL, ModelFiles
 from radixlang.runtime.block_pool import BlockPool, blocks_for
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
+from radixlang.runtime.grammar_masks import MaskFiller
 from radixlang.runtime.handle import EventCallback, RequestHandle
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 from radixlang.runtime.radix_cache import RadixCache
@@ -97,6 +98,7 @@ class Engine:
         background: bool = True,
         check_integrity_every_step: bool = False,
         jump_forward: bool = True,
+        overlap_masks: bool | None = None,
     ) -> None:
         self.check_integrity_every_step = check_integrity_every_step
         # Jump-forward decoding: text a request's grammar forces is appended at once and
@@ -104,7 +106,6 @@ class Engine:
         self.jump_forward = jump_forward
         self._jump_forward_tokens = 0
         self._jump_forward_jumps = 0
-        self._mask_seconds: collections.deque[float] = collections.deque(maxlen=2048)
         self._generator = torch.Generator().manual_seed(seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
@@ -137,6 +138,11 @@ class Engine:
                 self.runner.num_blocks, block_size, copy_hook=self.runner.copy_block
             )
             self.cache = RadixCache(self.pool)
+            self._masks = MaskFiller(
+                _overlap_masks_default(self.runner.device)
+                if overlap_masks is None
+                else overlap_masks
+            )
             batch_tokens = max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
                 self.runner.device.type, 2048
             )
@@ -175,6 +181,15 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.runner.max_context
+
+    @property
+    def overlap_masks(self) -> bool:
+        """Whether grammar masks are filled on a worker thread while the forward runs."""
+        return self._masks.overlap
+
+    @overlap_masks.setter
+    def overlap_masks(self, value: bool) -> None:
+        self._masks.overlap = bool(value)  # read at the start of each step
 
     @property
     def num_waiting(self) -> int:
@@ -330,12 +345,9 @@ class Engine:
         # pass that request did not need), and how many jumps carried them.
         s["jump_forward_tokens"] = self._jump_forward_tokens
         s["jump_forward_jumps"] = self._jump_forward_jumps
-        masks = sorted(self._mask_seconds)
-        s["grammar_mask_steps"] = len(masks)
-        s["grammar_mask_ms_p50"] = 1e3 * masks[len(masks) // 2] if masks else 0.0
-        s["grammar_mask_ms_p99"] = (
-            1e3 * masks[min(len(masks) - 1, int(0.99 * len(masks)))] if masks else 0.0
-        )
+        # Grammar masks: time to fill a step's masks, and how long the step waited for them
+        # after its forward (less than the fill time when they were filled beside it).
+        s.update(self._masks.percentiles_ms())
         return s
 
     def render_cache(self, max_nodes: int = 50) -> str:
@@ -357,6 +369,7 @@ class Engine:
             self._thread.join()
         elif closing:
             self._abort_all()
+        self._masks.close()
         if free_cache:
             self.cache.flush()
             self.scheduler.check_integrity()
@@ -416,7 +429,15 @@ class Engine:
                     top_logprobs=req.params.top_logprobs_num if scored else 0,
                 )
             )
-        out = self.runner.forward(seqs)
+        self._prefetch_masks(chunks)
+        try:
+            out = self.runner.forward(seqs)
+            self._masks.wait()  # before anything touches a constraint again
+            return self._finish_run(chunks, seqs, out)
+        finally:
+            self._masks.settle()  # nothing may fill masks while constraints advance
+
+    def _finish_run(self, chunks: list[Chunk], seqs: list[SequenceInput], out: Any) -> int:
         sampled: list[int] = []
         for i, chunk in enumerate(chunks):
             req = chunk.req
@@ -497,15 +518,16 @@ class Engine:
             if req.constraint is None:
                 continue
             try:
-                if req.constraint.is_finished():  # e.g. a regex that only matches ""
+                where = _mask_source(req)
+                if where is _FINISHED:  # e.g. a regex that only matches ""
                     self.scheduler.finish(req, FinishReason.STOP)
                     self._complete(req)
-                elif _may_end(req):
+                elif where is _MAY_END:
                     masks[i] = None  # the model may end the match: see TokenConstraint
-                elif hasattr(type(req.constraint), "batch_allowed_masks"):
-                    batched[type(req.constraint)].append(i)
-                else:
+                elif where is _SINGLE:
                     masks[i] = _fit_mask(req.constraint.allowed_mask(), width)
+                else:
+                    batched[where].append(i)
             except Exception as e:  # this request's constraint failed: fail it, not the batch
                 self._fail_constraint(req, e)
         for kind, rows in batched.items():
@@ -543,9 +565,8 @@ class Engine:
     ) -> dict[int, torch.Tensor]:
         """One call fills the masks of every row whose constraint is of class ``kind``; if it
         fails, each row is tried alone so that only the broken constraint fails its request."""
-        started = time.perf_counter()
         try:
-            filled = kind.batch_allowed_masks([r.constraint for r in reqs], width)
+            filled = self._masks.fill(kind, [r.constraint for r in reqs], width)
             alive = filled.any(dim=1).tolist()  # one reduction for the batch
             out = {i: filled[j] for j, i in enumerate(rows) if alive[j]}
             for j, req in enumerate(reqs):
@@ -560,8 +581,28 @@ class Engine:
                     out[i] = kind.batch_allowed_masks([req.constraint], width)[0]
                 except Exception as e:
                     self._fail_constraint(req, e)
-        self._mask_seconds.append(time.perf_counter() - started)
         return out
+
+    def _prefetch_masks(self, chunks: list[Chunk]) -> None:
+        """Start filling the masks of the rows this step will sample under a batched
+        constraint, so that they are ready when the forward returns (see MaskFiller)."""
+        if not self._masks.overlap:
+            return
+        groups: dict[type, list[Any]] = collections.defaultdict(list)
+        for chunk in chunks:
+            req = chunk.req
+            if req.constraint is None or req.finish_reason is not None:
+                continue
+            if chunk.end < len(req.tokens) or req.num_output >= req.max_new_tokens:
+                continue  # a prefill chunk, or nothing to sample
+            try:
+                where = _mask_source(req)
+            except Exception:
+                continue  # failed on the engine thread after the forward, as without overlap
+            if isinstance(where, type):
+                groups[where].append(req.constraint)
+        for kind, constraints in groups.items():
+            self._masks.prefetch(kind, constraints, self.runner.vocab_size)
 
     def _ends_before(self, req: Req, token: int) -> bool:
         """End ``req`` without ``token`` when its constraint is complete and the token would
@@ -904,6 +945,25 @@ def _load_tokenizer(files: ModelFiles) -> Any | None:
     if not any((files.path / name).exists() for name in names):
         return None
     return files.load_tokenizer()
+
+
+_FINISHED, _MAY_END, _SINGLE = object(), object(), object()
+
+
+def _mask_source(req: Req) -> Any:
+    """How a constrained request's mask is made this step: not at all (``_FINISHED``: nothing
+    but the end may follow; ``_MAY_END``: unmasked, the model may end the match), alone
+    (``_SINGLE``), or by its constraint's class in one batched call (that class)."""
+    kind = type(req.constraint)
+    if req.constraint.is_finished():
+        return _FINISHED
+    if _may_end(req):
+        return _MAY_END
+    return kind if hasattr(kind, "batch_allowed_masks") else _SINGLE
+
+
+def _overlap_masks_default(device: torch.device) -> bool:
+    return True
 
 
 def _may_end(req: Req) -> bool:

@@ -387,3 +387,53 @@ def test_token_healing_changes_nothing_on_a_clean_boundary(eng):
     # With a constraint the prompt is left whole (healing applies to free text only).
     r = eng.generate("Visit http:", {"token_healing": True, "regex": "[a-z]{1,3}"})
     assert r.prompt_tokens == len(eng.tokenizer.encode("Visit http:"))
+
+
+# ---- masks filled beside the forward -----------------------------------------------------------
+def test_masks_filled_beside_the_forward_give_the_same_outputs(folder):
+    # A mixed batch: JSON schema and regex rows (grammar masks), seeded sampling and greedy,
+    # jump-forward on; the masks filled on the worker during the forward must be exactly the
+    # ones filled after it.
+    params = [
+        {"json_schema": LONG_KEYS, "temperature": 1.0, "seed": 3, "max_new_tokens": 48},
+        {"regex": r"[a-z]{3,9}( [a-z]{2,5}){1,3}", "temperature": 1.0, "seed": 4},
+        {"json_schema": LONG_KEYS, "temperature": 0, "max_new_tokens": 48},
+        {"max_new_tokens": 6, "ignore_eos": True},
+    ]
+    outputs, stats = {}, {}
+    for overlap in (False, True):
+        e = engine(folder, overlap_masks=overlap)
+        results = e.generate(["one:", "two:", "three:", "four:"], params)
+        outputs[overlap] = [(r.text, r.finish_reason) for r in results]
+        stats[overlap] = e.stats()
+        e.check_integrity()
+        e.shutdown()
+    assert outputs[True] == outputs[False]
+    for overlap in (False, True):
+        s = stats[overlap]
+        assert s["grammar_mask_steps"] > 0 and s["grammar_mask_ms_p50"] > 0
+    # Inline, a step waits for every fill it makes (one class here: one fill per step).
+    inline = stats[False]
+    assert inline["grammar_mask_wait_ms_p50"] >= inline["grammar_mask_ms_p50"]
+    assert inline["grammar_mask_wait_ms_p99"] >= inline["grammar_mask_ms_p99"]
+
+
+def test_a_constraint_failing_on_the_mask_worker_fails_only_its_request(folder):
+    e = engine(folder, overlap_masks=True)
+    good = e.submit("a:", {"json_schema": LONG_KEYS, "temperature": 0, "max_new_tokens": 48})
+    bad = e.submit("b:", {"regex": r"[0-9]{4}", "temperature": 0, "max_new_tokens": 8})
+    e.step()  # admitted and prefilled: the constraints exist now
+    bad_req = e._reqs[bad.request_id]
+
+    def broken(self):  # the batched fill raises for this request's matcher only
+        raise RuntimeError("injected mask fault")
+
+    bad_req.constraint._raise_if_error = broken.__get__(bad_req.constraint)
+    while not (good.done and bad.done):
+        e.step()
+    with pytest.raises(GenerationError, match="injected mask fault"):
+        bad.result()
+    assert json.loads(good.result().text).keys() == LONG_KEYS["properties"].keys()
+    e.check_integrity()
+    e.shutdown()
+    assert e.flush_cache() and e.pool.num_free == e.pool.num_blocks
