@@ -9,7 +9,8 @@ for a whole batch are filled into one bitmask by llguidance's thread pool
 
 Sources are checked before compilation, so an error names what is wrong: Python's ``re`` checks a
 regex, ``lark`` checks a Lark grammar (with line and column), ``jsonschema`` checks a schema
-against its meta-schema, and llguidance reports what it does not support.
+against its meta-schema (those checks live in the torch-free ``sources``, which the language
+layer shares), and llguidance reports what it does not support.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +28,13 @@ import numpy as np
 import torch
 
 from radixlang.constrain.errors import ConstraintError
+from radixlang.constrain.sources import (
+    closed_objects,  # noqa: F401 (re-exported: the tests and benchmarks import it from here)
+    is_pydantic_model,
+    json_schema_text,
+    lark_error,
+    regex_error,
+)
 
 KINDS = ("regex", "json_schema", "grammar", "ebnf")
 _CACHE_SIZE = 128
@@ -37,103 +44,6 @@ _CACHE_SIZE = 128
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # An object with any keys: OpenAI's response_format {"type": "json_object"}.
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
-
-
-def json_schema_text(schema: Any) -> str:
-    """A JSON schema as text, from a dict, a JSON string or a pydantic model class."""
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        schema = schema.model_json_schema()
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ConstraintError(f"json_schema is not valid JSON: {e}") from None
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
-    if not isinstance(schema, dict):
-        raise ConstraintError(
-            "json_schema must be a JSON-schema object (a dict or its JSON text) or a pydantic "
-            f"model class, got {type(schema).__name__}"
-        )
-    _check_schema(schema)
-    return json.dumps(closed_objects(schema))
-
-
-# Where a JSON schema holds subschemas: maps of them, lists of them, and single ones.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-               "propertyNames", "additionalItems", "unevaluatedItems")  # fmt: skip
-
-
-def closed_objects(schema: Any, close: bool = True) -> Any:
-    """``schema`` with ``additionalProperties: false`` on every object schema that lists its
-    ``properties`` and says nothing about other keys.
-
-    JSON Schema lets such an object hold any other key, and a sampling model takes that door
-    (seen: invented keys until the token limit cut the JSON off). Structured output wants the
-    listed fields, as OpenAI's strict mode and xgrammar's default do; a schema that wants other
-    keys says so with ``additionalProperties`` or ``patternProperties``. The branches of an
-    ``allOf`` stay open at their own level (each names only part of the keys), their nested
-    objects are closed.
-    """
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
-    for key in _SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed_objects(sub, close=key != "allOf") for sub in out[key]]
-    for key in _SCHEMA_ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = closed_objects(out[key])
-    if (
-        close
-        and "properties" in out
-        and "additionalProperties" not in out
-        and "patternProperties" not in out
-        and "unevaluatedProperties" not in out
-        and "allOf" not in out
-    ):
-        out["additionalProperties"] = False
-    return out
-
-
-def _check_schema(schema: dict[str, Any]) -> None:
-    import jsonschema
-
-    try:
-        validator = jsonschema.validators.validator_for(
-            schema, default=jsonschema.Draft202012Validator
-        )
-        validator.check_schema(schema)
-    except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise ConstraintError(f"invalid JSON schema at {where}: {e.message}") from None
-
-
-def _check_regex(regex: str) -> None:
-    try:
-        re.compile(regex)
-    except re.error as e:
-        raise ConstraintError(f"invalid regex {regex!r}: {e}") from None
-
-
-def _check_lark(grammar: str) -> str | None:
-    """lark's complaint about ``grammar`` with its line and column, or None if lark takes it."""
-    import lark
-
-    try:
-        lark.Lark(grammar, start="start", parser="earley")
-    except lark.exceptions.GrammarError as e:
-        return f"lark: {e}"
-    except lark.exceptions.UnexpectedInput as e:
-        return f"lark: line {e.line}, column {e.column}: {str(e).splitlines()[0]}"
-    except Exception as e:  # lark raises plain errors for some malformed input
-        return f"lark: {type(e).__name__}: {e}"
-    return None
 
 
 def grammar_source(kind: str, source: Any) -> str:
@@ -148,15 +58,17 @@ def grammar_source(kind: str, source: Any) -> str:
     if not isinstance(source, str):
         raise ConstraintError(f"{kind} must be a str, got {type(source).__name__}")
     if kind == "regex":
-        _check_regex(source)
+        error = regex_error(source)
+        if error is not None:
+            raise ConstraintError(f"invalid regex {source!r}: {error}")
         return llguidance.LLMatcher.grammar_from_regex(source)
     if kind == "grammar":
-        lark_error = _check_lark(source)
+        complaint = lark_error(source, verbatim=True)
         grammar = llguidance.LLMatcher.grammar_from_lark(source)
-        if lark_error is not None and _validation_error(grammar) is not None:
+        if complaint is not None and _validation_error(grammar) is not None:
             # Both reject it: lark's message says where. (A grammar lark rejects but llguidance
             # takes uses llguidance's extensions, such as %json or lazy rules.)
-            raise ConstraintError(f"invalid Lark grammar: {lark_error}")
+            raise ConstraintError(f"invalid Lark grammar: lark: {complaint}")
         return grammar
     if kind == "ebnf":
         try:
@@ -255,7 +167,10 @@ def compile_grammar(
     """The compiled grammar for ``source`` of ``kind`` on ``tokenizer`` (from a small LRU)."""
     eos = frozenset(int(t) for t in eos_token_ids)
     ll = ll_tokenizer(tokenizer, vocab_size, eos)
-    # Keyed by the source as given, so a hit skips the checks and the conversion too.
+    if kind == "json_schema" and is_pydantic_model(source):
+        source = source.model_json_schema()  # built once, for the key and the grammar
+    # Keyed by the source as given (a model class by its schema), so a hit skips the checks
+    # and the conversion too.
     key = (kind, _source_key(source), id(ll))
     with _grammars_lock:
         hit = _grammars.get(key)
@@ -278,8 +193,6 @@ def compile_grammar(
 
 
 def _source_key(source: Any) -> str:
-    if isinstance(source, type) and hasattr(source, "model_json_schema"):
-        source = source.model_json_schema()
     if isinstance(source, str):
         return "s" + source
     try:

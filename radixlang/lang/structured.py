@@ -8,17 +8,21 @@ message says where, with line and column; a grammar only llguidance takes, using
 such as ``%json``, is accepted), llguidance for SGLang's EBNF. A bad one raises
 :class:`StructuredOutputError`, a ``ValueError``.
 
-Nothing here loads torch or the engine: a program on a remote backend checks its constraints on
-the client, with the same messages.
+The ``re``, ``lark`` and ``jsonschema`` checks and the schema conversions are
+:mod:`radixlang.constrain.sources`'s, the ones the grammar compiler runs too. Nothing here loads
+torch or the engine: a program on a remote backend checks its constraints on the client, with
+the same messages.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from radixlang.constrain import sources
+from radixlang.constrain.errors import ConstraintError
 
 # The keyword arguments of gen that decide the output's form; at most one per gen.
 CONSTRAINT_KINDS = ("regex", "json_schema", "grammar", "ebnf", "dtype", "choices")
@@ -62,10 +66,9 @@ def check_regex(name: str | None, regex: Any) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _regex_error(regex: str) -> str | None:
-    try:
-        re.compile(regex)
-    except re.error as e:
-        return str(e)
+    error = sources.regex_error(regex)
+    if error is not None:
+        return error
     import llguidance
 
     error = _llguidance_error(llguidance.LLMatcher.grammar_from_regex(regex))
@@ -78,29 +81,21 @@ def _regex_error(regex: str) -> str | None:
 
 def json_schema(name: str | None, source: Any) -> JsonSchema:
     """A gen's ``json_schema=`` (a dict, its JSON text, or a pydantic model class), checked."""
-    model = None
-    if isinstance(source, type):
-        if not hasattr(source, "model_json_schema"):
-            raise StructuredOutputError(
-                f"gen({name!r}): json_schema={source.__name__} is a class but not a pydantic "
-                "model: give a pydantic BaseModel subclass, a JSON-schema dict or its JSON text"
-            )
-        model = source
-        schema = source.model_json_schema()
-    elif isinstance(source, str):
-        try:
-            schema = json.loads(source)
-        except json.JSONDecodeError as e:
-            raise StructuredOutputError(
-                f"gen({name!r}): json_schema is not valid JSON: {e}"
-            ) from None
-    elif isinstance(source, dict):
-        schema = source
-    else:
+    if isinstance(source, type) and not sources.is_pydantic_model(source):
+        raise StructuredOutputError(
+            f"gen({name!r}): json_schema={source.__name__} is a class but not a pydantic "
+            "model: give a pydantic BaseModel subclass, a JSON-schema dict or its JSON text"
+        )
+    if not isinstance(source, (type, str, dict)):
         raise StructuredOutputError(
             f"gen({name!r}): json_schema must be a JSON-schema dict, its JSON text or a pydantic "
             f"model class, got {type(source).__name__}"
         )
+    try:
+        schema = sources.schema_value(source)
+    except ConstraintError as e:  # JSON text that is not JSON
+        raise StructuredOutputError(f"gen({name!r}): {e}") from None
+    model = source if isinstance(source, type) else None
     if not isinstance(schema, dict):
         raise StructuredOutputError(
             f"gen({name!r}): json_schema must be a JSON object, got {type(schema).__name__}"
@@ -117,18 +112,11 @@ def json_schema(name: str | None, source: Any) -> JsonSchema:
 
 @functools.lru_cache(maxsize=256)
 def _schema_error(text: str) -> str | None:
-    import jsonschema
     import llguidance
 
-    schema = json.loads(text)
-    try:
-        validator = jsonschema.validators.validator_for(
-            schema, default=jsonschema.Draft202012Validator
-        )
-        validator.check_schema(schema)
-    except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        return f"invalid JSON schema at {where}: {e.message}"
+    error = sources.schema_error(json.loads(text))
+    if error is not None:
+        return error
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
     except Exception as e:  # llguidance raises ValueError; any failure is the schema's
@@ -156,19 +144,7 @@ def _lark_grammar_error(grammar: str) -> str | None:
     # llguidance rejects it: lark's message says where (line and column), when lark rejects it
     # too; otherwise (an llguidance limitation, or a mistake inside one of its extensions)
     # llguidance's own message is the one that applies.
-    return _lark_error(grammar) or error
-
-
-def _lark_error(grammar: str) -> str | None:
-    import lark
-
-    try:
-        lark.Lark(grammar, start="start")
-    except lark.exceptions.UnexpectedInput as e:
-        return f"line {e.line}, column {e.column}: {str(e).strip().splitlines()[0]}"
-    except Exception as e:  # GrammarError and the plain errors lark raises for bad input
-        return f"{type(e).__name__}: {str(e).strip()}"
-    return None
+    return sources.lark_error(grammar) or error
 
 
 def check_ebnf(name: str | None, ebnf: Any) -> None:

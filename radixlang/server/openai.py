@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
-from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult
+from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult, StreamEvent
 from radixlang.server import tools as tooling
 from radixlang.server.common import (
     SSE_DONE,
@@ -43,6 +43,8 @@ from radixlang.server.common import (
 )
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+# A response's id prefix, by its object.
+_ID_PREFIX = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}
 MAX_TOP_LOGPROBS = 20
 
 
@@ -199,31 +201,60 @@ class OpenAIRoutes:
             for j in range(body.n):
                 requests.append(_request(prompt, sampling, j))
                 where.append(f"prompt[{i}]" if len(prompts) > 1 else None)
+
+        def echoes() -> list[str]:  # once the requests are in (their token ids checked)
+            return [self._prompt_text(p) if body.echo else "" for p in prompts
+                    for _ in range(body.n)]  # fmt: skip
+
+        def stream(handles: Sequence[Any], rid: str, created: int) -> AsyncIterator[str]:
+            return self._stream_completion(handles, body, rid, created, echoes())
+
+        def choices(results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+            echo, out = echoes(), []
+            for i, result in enumerate(results):
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = self._completion_logprobs(result, body, echo[i])
+                out.append({"index": i, "text": echo[i] + result.text, "logprobs": logprobs,
+                            "finish_reason": _FINISH.get(result.finish_reason)})  # fmt: skip
+            return out
+
+        return await self._respond(
+            request, body, requests, where, "prompt", "text_completion", stream, choices
+        )
+
+    async def _respond(
+        self,
+        request: Request,
+        body: _Body,
+        requests: Sequence[GenerateRequest],
+        where: Sequence[str | None],
+        prompt_field: str,
+        kind: str,
+        stream: Callable[[Sequence[Any], str, int], AsyncIterator[str]],
+        choices: Callable[[Sequence[GenerationResult]], list[dict[str, Any]]],
+    ) -> Response:
+        """Submit ``requests`` and answer: the events ``stream(handles, id, created)`` yields,
+        if the body asks for a stream, else one ``kind`` object (``text_completion``,
+        ``chat.completion``) with the ``choices`` made of the results; a 499 (and the requests
+        aborted) if the client leaves first."""
         handles = await submit_all(
             self.engine,
             requests,
             where,
-            "prompt",
+            prompt_field,
             request.app.state.max_queued_requests,
             sampling_path=lambda i, field: _sampling_path(field, body.response_format),
         )
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        echo = [self._prompt_text(p) if body.echo else "" for p in prompts for _ in range(body.n)]
+        rid, created = f"{_ID_PREFIX[kind]}-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            stream = self._stream_completion(handles, body, rid, created, echo)
-            return StreamingResponse(stream, media_type="text/event-stream")
+            events = stream(handles, rid, created)
+            return StreamingResponse(events, media_type="text/event-stream")
         results = await results_unless_disconnected(request, handles)
         if results is None:
             return Response(status_code=499)
-        choices = []
-        for i, result in enumerate(results):
-            logprobs = None
-            if body.logprobs is not None:
-                logprobs = self._completion_logprobs(result, body, echo[i])
-            choices.append({"index": i, "text": echo[i] + result.text, "logprobs": logprobs,
-                            "finish_reason": _FINISH.get(result.finish_reason)})  # fmt: skip
-        return JSONResponse({"id": rid, "object": "text_completion", "created": created,
-                             "model": self.model_name, "choices": choices,
+        return JSONResponse({"id": rid, "object": kind, "created": created,
+                             "model": self.model_name, "choices": choices(results),
                              "usage": _usage(results, body.n)})  # fmt: skip
 
     def _prompt_text(self, prompt: str | list[int]) -> str:
@@ -255,36 +286,26 @@ class OpenAIRoutes:
         return {"tokens": tokens, "token_logprobs": [lp for _, lp in pairs],
                 "top_logprobs": top_dicts, "text_offset": offsets}  # fmt: skip
 
-    async def _stream_completion(
+    def _stream_completion(
         self, handles: Sequence[Any], body: CompletionBody, rid: str, created: int, echo: list[str]
     ) -> AsyncIterator[str]:
         head = {"id": rid, "object": "text_completion", "created": created,
                 "model": self.model_name}  # fmt: skip
-        results: list[GenerationResult | None] = [None] * len(handles)
         offsets = [len(e) for e in echo]
-        for i, prefix in enumerate(echo):
-            if prefix:
-                yield sse({**head, "choices": [_text_choice(i, prefix, None, None)]})
-        async for i, event in merged_events(handles):
-            if isinstance(event, GenerationResult):
-                if event.finish_reason is FinishReason.ERROR:
-                    yield sse(engine_failure(event).body(openai=True))
-                    continue
-                results[i] = event
-                finish = _FINISH.get(event.finish_reason)
-                yield sse({**head, "choices": [_text_choice(i, "", None, finish)]})
-                continue
-            if not event.text and not event.token_ids:
-                continue
+
+        def piece(i: int, event: StreamEvent) -> list[dict[str, Any]]:
             logprobs = None
             if body.logprobs is not None:
                 pairs = list(zip(event.token_ids, event.logprobs, strict=False))
                 logprobs = self._logprob_lists(pairs, event.top_logprobs, body.logprobs, offsets[i])
             offsets[i] += len(event.text)
-            yield sse({**head, "choices": [_text_choice(i, event.text, logprobs, None)]})
-        if body.stream_options and body.stream_options.include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(results, body.n)})
-        yield SSE_DONE
+            return [_text_choice(i, event.text, logprobs, None)]
+
+        def finished(i: int, result: GenerationResult) -> list[dict[str, Any]]:
+            return [_text_choice(i, "", None, _FINISH.get(result.finish_reason))]
+
+        first = [_text_choice(i, prefix, None, None) for i, prefix in enumerate(echo) if prefix]
+        return _event_stream(handles, body, head, first, piece, finished)
 
     # ---- /v1/chat/completions ----------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
@@ -314,33 +335,25 @@ class OpenAIRoutes:
         if limit is None:  # what is left of the context window
             sampling["max_new_tokens"] = max(self.engine.max_context - len(ids), 1)
         requests = [_request(ids, sampling, j) for j in range(body.n)]
-        handles = await submit_all(
-            self.engine,
-            requests,
-            [None] * body.n,
-            "messages",
-            request.app.state.max_queued_requests,
-            sampling_path=lambda i, field: _sampling_path(field, body.response_format),
-        )
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if body.stream:
-            stream = self._stream_chat(handles, body, rid, created, choice)
-            return StreamingResponse(stream, media_type="text/event-stream")
-        results = await results_unless_disconnected(request, handles)
-        if results is None:
-            return Response(status_code=499)
-        choices = []
-        for i, result in enumerate(results):
-            logprobs = None
-            if body.logprobs:
-                pairs = zip(result.output_ids, result.output_logprobs, strict=False)
-                logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
-            message, finish = _chat_message(result, choice)
-            choices.append({"index": i, "message": message, "logprobs": logprobs,
+
+        def stream(handles: Sequence[Any], rid: str, created: int) -> AsyncIterator[str]:
+            return self._stream_chat(handles, body, rid, created, choice)
+
+        def choices(results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+            out = []
+            for i, result in enumerate(results):
+                logprobs = None
+                if body.logprobs:
+                    pairs = zip(result.output_ids, result.output_logprobs, strict=False)
+                    logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
+                message, finish = _chat_message(result, choice)
+                out.append({"index": i, "message": message, "logprobs": logprobs,
                             "finish_reason": finish})  # fmt: skip
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
-                             "model": self.model_name, "choices": choices,
-                             "usage": _usage(results, body.n)})  # fmt: skip
+            return out
+
+        return await self._respond(
+            request, body, requests, [None] * body.n, "messages", "chat.completion", stream, choices
+        )
 
     def template_shows_tools(self) -> bool:
         """Whether the chat template writes the ``tools`` it is given into the prompt (if not,
@@ -417,7 +430,7 @@ class OpenAIRoutes:
                         "top_logprobs": alternatives})  # fmt: skip
         return out
 
-    async def _stream_chat(
+    def _stream_chat(
         self,
         handles: Sequence[Any],
         body: ChatBody,
@@ -427,29 +440,12 @@ class OpenAIRoutes:
     ) -> AsyncIterator[str]:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created,
                 "model": self.model_name}  # fmt: skip
-        for i in range(len(handles)):
-            delta = {"role": "assistant", "content": ""}
-            yield sse({**head, "choices": [_delta_choice(i, delta, None, None)]})
-        results: list[GenerationResult | None] = [None] * len(handles)
         calls = [
             tooling.CallStream(may_call=choice.calls, must_call=choice.mode == "required")
             for _ in handles
         ]
-        async for i, event in merged_events(handles):
-            if isinstance(event, GenerationResult):
-                if event.finish_reason is FinishReason.ERROR:
-                    yield sse(engine_failure(event).body(openai=True))
-                    continue
-                results[i] = event
-                for delta in calls[i].finish():
-                    yield sse({**head, "choices": [_delta_choice(i, delta, None, None)]})
-                finish = _FINISH.get(event.finish_reason)
-                if calls[i].called and calls[i].closed and event.finish_reason is FinishReason.STOP:
-                    finish = "tool_calls"
-                yield sse({**head, "choices": [_delta_choice(i, {}, None, finish)]})
-                continue
-            if not event.text and not event.token_ids:
-                continue
+
+        def piece(i: int, event: StreamEvent) -> list[dict[str, Any]]:
             logprobs = None
             if body.logprobs:
                 pairs = zip(event.token_ids, event.logprobs, strict=False)
@@ -458,12 +454,52 @@ class OpenAIRoutes:
                 deltas = [{"content": event.text}]
             else:
                 deltas = calls[i].feed(event.text) or ([{}] if logprobs else [])
-            for k, delta in enumerate(deltas):
-                chunk_logprobs = logprobs if k == 0 else None
-                yield sse({**head, "choices": [_delta_choice(i, delta, chunk_logprobs, None)]})
-        if body.stream_options and body.stream_options.include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(results, body.n)})
-        yield SSE_DONE
+            return [_delta_choice(i, delta, logprobs if k == 0 else None, None)
+                    for k, delta in enumerate(deltas)]  # fmt: skip
+
+        def finished(i: int, result: GenerationResult) -> list[dict[str, Any]]:
+            out = [_delta_choice(i, delta, None, None) for delta in calls[i].finish()]
+            finish = _FINISH.get(result.finish_reason)
+            if calls[i].called and calls[i].closed and result.finish_reason is FinishReason.STOP:
+                finish = "tool_calls"
+            return [*out, _delta_choice(i, {}, None, finish)]
+
+        first = [_delta_choice(i, {"role": "assistant", "content": ""}, None, None)
+                 for i in range(len(handles))]  # fmt: skip
+        return _event_stream(handles, body, head, first, piece, finished)
+
+
+async def _event_stream(
+    handles: Sequence[Any],
+    body: _Body,
+    head: dict[str, Any],
+    first: Sequence[dict[str, Any]],
+    piece: Callable[[int, StreamEvent], list[dict[str, Any]]],
+    finished: Callable[[int, GenerationResult], list[dict[str, Any]]],
+) -> AsyncIterator[str]:
+    """A streamed answer's server-sent events, each a ``head`` with one choice: the ``first``
+    choices, then as the requests go, ``piece(i, event)``'s for each piece of request ``i``'s
+    output (pieces with no text and no tokens skipped) and ``finished(i, result)``'s for its end
+    (an engine failure is an error event instead); the usage if the body asks for it; [DONE]."""
+    for c in first:
+        yield sse({**head, "choices": [c]})
+    results: list[GenerationResult | None] = [None] * len(handles)
+    async for i, event in merged_events(handles):
+        if isinstance(event, GenerationResult):
+            if event.finish_reason is FinishReason.ERROR:
+                yield sse(engine_failure(event).body(openai=True))
+                continue
+            results[i] = event
+            choices = finished(i, event)
+        elif event.text or event.token_ids:
+            choices = piece(i, event)
+        else:
+            continue
+        for c in choices:
+            yield sse({**head, "choices": [c]})
+    if body.stream_options and body.stream_options.include_usage:
+        yield sse({**head, "choices": [], "usage": _usage(results, body.n)})
+    yield SSE_DONE
 
 
 def response_schema(response_format: dict[str, Any] | None) -> Any:

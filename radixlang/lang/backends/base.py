@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from radixlang.lang.chat_template import PLAIN, ChatTemplate
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
@@ -139,3 +139,10 @@ class Backend(ABC):
 
     def shutdown(self) -> None:  # noqa: B027
         """Release what the backend holds (an engine, a connection)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leaving a ``with`` block shuts the backend down."""
+        self.shutdown()

@@ -157,12 +157,6 @@ class RuntimeEndpoint(Backend):
     def shutdown(self) -> None:
         self.service.close()
 
-    def __enter__(self) -> RuntimeEndpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
 
 def _template_from(info: dict[str, Any]) -> ChatTemplate:
     template = info.get("chat_template")

@@ -134,12 +134,6 @@ class LocalBackend(Backend):
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    def __enter__(self) -> LocalBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
 
 def _meta_info(result: GenerationResult) -> dict[str, Any]:
     meta = dict(result.meta_info)

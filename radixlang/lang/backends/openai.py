@@ -196,12 +196,6 @@ class OpenAI(Backend):
     def shutdown(self) -> None:
         self.service.close()
 
-    def __enter__(self) -> OpenAI:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
 
 def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dict[str, Any]:
     """Engine sampling names -> an OpenAI request's fields."""
