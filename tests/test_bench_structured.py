@@ -1,4 +1,4 @@
-"""bench_structured and bench_grammar_engines run end to end with --quick (numbers not checked)."""
+"""The structured-output benchmarks run end to end with --quick (numbers not checked)."""
 
 import importlib.util
 import json
@@ -120,3 +120,17 @@ def test_bench_grammar_engines_quick_writes_json_and_plot(tmp_path):
         )
     assert (tmp_path / "bench_grammar_engines.png").stat().st_size > 0
     assert result["summary"].keys() == saved["summary"].keys()
+
+
+def test_bench_token_healing_quick_writes_json_and_plot(tmp_path, chat_model_dir):
+    bench = load("bench_token_healing")
+    result = bench.main(["--quick", "--model", str(chat_model_dir), "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_token_healing.json").read_text())
+    assert set(saved["sets"]) == set(bench.SETS) and saved["decision"] == result["decision"]
+    for name, entry in saved["sets"].items():
+        assert entry["prompts"] == 4, name
+        assert 0 <= entry["accuracy_off"] <= 1 and 0 <= entry["accuracy_on"] <= 1
+        assert entry["fixed"] + entry["broken"] <= entry["changed_outputs"] <= entry["prompts"]
+    # Every prompt of the cut set ends inside a longer token: healing backs each one up.
+    assert saved["sets"]["cut"]["healed_share"] == 1.0
+    assert (tmp_path / "bench_token_healing.png").stat().st_size > 0
