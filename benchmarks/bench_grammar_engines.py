@@ -6,7 +6,7 @@ Writes benchmarks/results/bench_grammar_engines.json and .png.
 radixlang constrains output with llguidance (``radixlang.constrain.grammar``): one library for
 regex, JSON schema, Lark and EBNF. This measures that choice against xgrammar (the engine SGLang
 and vLLM default to) and against the hand-written regex automaton it replaced
-(``radixlang.constrain.regex_guide``, regex only), on the default model's tokenizer (SmolLM2,
+(``benchmarks/regex_automaton.py``, regex only), on the default model's tokenizer (SmolLM2,
 49,152 tokens), in one process:
 
 - constraints: JSON schemas (flat, nested, bounded arrays, enums, anyOf, $ref with recursion, the
@@ -471,7 +471,9 @@ class RegexAutomaton(Adapter):
         self.setup_ms = (time.perf_counter() - start) * 1e3
 
     def compile(self, kind: str, source: Any) -> Any:
-        from radixlang.constrain import ConstraintError, RegexGuide
+        from regex_automaton import RegexGuide  # beside this file
+
+        from radixlang.constrain import ConstraintError
 
         if kind != "regex":
             raise Unsupported(kind)

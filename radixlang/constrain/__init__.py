@@ -1,14 +1,14 @@
 """Constrained decoding: per-token masks that keep generated text inside a language.
 
-The bottom layer, beside the kernels: it imports torch, llguidance, interegular, lark,
+The bottom layer, beside the kernels: it imports torch, llguidance, numpy, lark,
 jsonschema and the standard library only, never the runtime, the language or the server
 (pyproject's import-linter contracts).
 The engine sees a constraint through ``radixlang.runtime.constraint``'s ``TokenConstraint``
 protocol, which :class:`GrammarConstraint` (llguidance: regex, JSON schema, Lark and EBNF
 grammars) implements. ``sources`` checks and converts a constraint's source without torch or
-llguidance, for the compiler and for the language layer alike. ``regex_guide`` is the earlier
-pure-Python regex automaton, kept as a peer for ``benchmarks/bench_grammar_engines.py``; the
-engine no longer uses it.
+llguidance, for the compiler and for the language layer alike. (The earlier pure-Python regex
+automaton now lives in ``benchmarks/regex_automaton.py``, a peer in the grammar-engine
+benchmark.)
 
 The public names load on first use, so importing one light module of the package (``sources``,
 ``dtypes``, ``errors``) does not load torch and llguidance.
@@ -31,14 +31,6 @@ if TYPE_CHECKING:
         clear_grammar_cache,
         compile_grammar,
     )
-    from radixlang.constrain.regex_guide import (
-        RegexConstraint,
-        RegexGuide,
-        StateMask,
-        clear_guide_cache,
-        compile_regex,
-        get_regex_guide,
-    )
     from radixlang.constrain.sources import json_schema_text
     from radixlang.constrain.vocabulary import (
         TokenVocabulary,
@@ -56,12 +48,6 @@ _EXPORTS = {
     "GrammarConstraint": "radixlang.constrain.grammar",
     "clear_grammar_cache": "radixlang.constrain.grammar",
     "compile_grammar": "radixlang.constrain.grammar",
-    "RegexConstraint": "radixlang.constrain.regex_guide",
-    "RegexGuide": "radixlang.constrain.regex_guide",
-    "StateMask": "radixlang.constrain.regex_guide",
-    "clear_guide_cache": "radixlang.constrain.regex_guide",
-    "compile_regex": "radixlang.constrain.regex_guide",
-    "get_regex_guide": "radixlang.constrain.regex_guide",
     "json_schema_text": "radixlang.constrain.sources",
     "TokenVocabulary": "radixlang.constrain.vocabulary",
     "clear_vocabulary_cache": "radixlang.constrain.vocabulary",
@@ -76,17 +62,11 @@ __all__ = [
     "CompiledGrammar",
     "ConstraintError",
     "GrammarConstraint",
-    "RegexConstraint",
-    "RegexGuide",
-    "StateMask",
     "TokenVocabulary",
     "clear_grammar_cache",
-    "clear_guide_cache",
     "clear_vocabulary_cache",
     "compile_grammar",
-    "compile_regex",
     "dtype_regex",
-    "get_regex_guide",
     "json_schema_text",
     "token_vocabulary",
 ]

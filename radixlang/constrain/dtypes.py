@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from radixlang.constrain.errors import ConstraintError
 
-# Each is a plain regex interegular compiles (no anchors, no lookarounds) and Python's ``re``
+# Each is a plain regex (no anchors, no lookarounds) that every regex engine and Python's ``re``
 # agrees with, so ``re.fullmatch(dtype_regex(t), text)`` holds for every constrained output.
 DTYPE_REGEXES: dict[str, str] = {
     "int": r"[-+]?[0-9]+",

@@ -1,4 +1,5 @@
-"""Regex-constrained decoding: which tokens may come next so that the output stays a match.
+"""The earlier regex automaton, kept as a peer for ``bench_grammar_engines.py`` (the engine
+uses llguidance): which tokens may come next so that the output stays a match.
 
 A :class:`RegexGuide` compiles a regex once, for one tokenizer, into interegular's finite
 automaton over characters, and computes per automaton state (lazily, then cached) the mask of
