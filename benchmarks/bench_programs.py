@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
 
@@ -735,6 +736,17 @@ WORKLOAD_CLASSES: dict[str, type[Workload]] = {
 
 
 # ---- running both sides ----------------------------------------------------------------------
+def progress(workloads: list[Workload], desc: str) -> tqdm:
+    """The workloads with a progress bar on stderr (on a terminal only; gone when done)."""
+    return tqdm(workloads, desc=desc, unit="workload", file=sys.stderr, leave=False, disable=None)
+
+
+def log(line: str) -> None:
+    """A line above the progress bar, flushed: a long run's log is read while it runs."""
+    tqdm.write(line)
+    sys.stdout.flush()
+
+
 def run_baselines(
     workloads: list[Workload], files: Any, tokenizer: Any, args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
@@ -743,7 +755,7 @@ def run_baselines(
     warm = Transformers(model, tokenizer, args.device, batched=True, max_batch=args.max_batch)
     in_thread(warm.generate, ["Hello", "Hi there"], GenParams(2, stop="\n"))  # warm up
     results: dict[str, dict[str, Any]] = {w.name: {} for w in workloads}
-    for w in workloads:
+    for w in progress(workloads, "transformers"):
         for mode in ("sequential", "batched"):
             lm = Transformers(
                 model, tokenizer, args.device, batched=mode == "batched", max_batch=args.max_batch
@@ -765,10 +777,9 @@ def run_baselines(
                     lm.prompts, lm.generated
                 )
             results[w.name][mode] = entry
-            print(
+            log(
                 f"  {w.name:17s} transformers {mode:10s} {seconds:7.2f} s  "
                 f"{lm.model_calls:4d} calls  {lm.generated_tokens:5d} generated",
-                flush=True,
             )
     del model
     return results
@@ -789,7 +800,7 @@ def run_radixlang(workloads: list[Workload], args: argparse.Namespace) -> dict[s
             s += "Hello" + sgl.gen("x", max_tokens=2)
 
         warm_up.run()
-        for w in workloads:
+        for w in progress(workloads, "radixlang"):
             run = w.program(sgl)
             rt.flush_cache()
             before = rt.stats()
@@ -809,11 +820,10 @@ def run_radixlang(workloads: list[Workload], args: argparse.Namespace) -> dict[s
                 "loadavg_1min": os.getloadavg()[0],
                 "result": out,
             }
-            print(
+            log(
                 f"  {w.name:17s} radixlang                {seconds:7.2f} s  "
                 f"{counters.get('prompt_tokens_computed')} prompt tokens computed, "
                 f"{reused} reused, {counters.get('generated_tokens')} generated",
-                flush=True,
             )
         rt.flush_cache()
         results["_final_stats"] = rt.stats()

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import httpx
 import torch
+from tqdm import tqdm
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import Engine
@@ -257,7 +258,11 @@ class Level:
 
 
 async def run_clients(
-    side: Side, clients: list[Any], prompts: list[str], params: dict[str, Any]
+    side: Side,
+    clients: list[Any],
+    prompts: list[str],
+    params: dict[str, Any],
+    progress: tqdm | None = None,
 ) -> list[Sample]:
     """Each client sends requests one after another, taking the next prompt when free."""
     samples: list[Sample | None] = [None] * len(prompts)
@@ -266,6 +271,8 @@ async def run_clients(
     async def client_loop(client: Any) -> None:
         for i in indices:
             samples[i] = await side.request(client, prompts[i], params)
+            if progress is not None:
+                progress.update()
 
     await asyncio.gather(*(client_loop(c) for c in clients))
     return [s for s in samples if s is not None]
@@ -322,8 +329,11 @@ async def run_levels(
             # Warms the connections and caches the shared preamble, as on a server up a while.
             await run_clients(side, clients[: len(level.warmup)], level.warmup, warm_params)
             before = await side.read()
+            bar = tqdm(total=len(level.prompts), desc=f"  {side.name} c={level.concurrency}",
+                       unit="req", file=sys.stderr, leave=False, disable=None)  # fmt: skip
             start = time.perf_counter()
-            samples = await run_clients(side, clients, level.prompts, params)
+            with bar:
+                samples = await run_clients(side, clients, level.prompts, params, bar)
             wall = time.perf_counter() - start
             after = await side.read()
         finally:

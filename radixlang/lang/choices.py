@@ -1,16 +1,23 @@
-"""How ``select`` picks a choice from the model's scores of each (SGLang's three methods).
+"""How ``select`` picks a choice from the model's scores of each (SGLang's three methods, and
+the plain likelihood).
 
 A backend scores every choice as a continuation of the prompt and hands the per-token
 log-probabilities to a method, which returns the decision and its ``meta_info``:
 
 - ``token_length_normalized``: the highest mean log-probability per choice token;
+- ``sum_of_logprobs``: the highest total log-probability, i.e. the most likely text, with no
+  allowance for length (a longer choice pays for every token it adds);
 - ``greedy_token_selection``: compare token by token, keeping the choices tied for the best
   log-probability at each position (a shorter choice is padded with its own mean);
 - ``unconditional_likelihood_normalized``: the highest mean of (log-probability given the prompt
   minus log-probability with no prompt), which discounts choices that are likely anyway.
 
 Token log-probabilities are ``(logprob, token_id, token_text)`` triples (the id is None where
-the service names tokens only by text, as OpenAI's completions do).
+the service names tokens only by text, as OpenAI's completions do). Every choice is scored from
+the same token position, so totals compare like with like.
+
+A method of one's own subclasses :class:`ChoicesSamplingMethod` and returns a
+:class:`ChoicesDecision`; ``sampling_scores`` says what ``select(temperature > 0)`` samples by.
 """
 
 from __future__ import annotations
@@ -32,9 +39,18 @@ class ChoicesDecision:
 
 
 class ChoicesSamplingMethod(ABC):
+    """How ``select`` decides (SGLang's base class; ``__call__`` takes keyword arguments)."""
+
     @property
     def requires_unconditional_logprobs(self) -> bool:
         return False
+
+    def sampling_scores(
+        self, normalized_prompt_logprobs: list[float], input_token_logprobs: list[list[Any]]
+    ) -> list[float]:
+        """Per choice, the score ``select(temperature > 0)`` samples by (softmax of score /
+        temperature): the mean log-probability unless the method ranks by something else."""
+        return normalized_prompt_logprobs
 
     @abstractmethod
     def __call__(
@@ -67,6 +83,26 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
             choices[best],
             {
                 "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+            },
+        )
+
+
+class SumOfLogprobs(ChoicesSamplingMethod):
+    """The highest total log-probability: the choice the model is likeliest to write whole."""
+
+    def sampling_scores(self, normalized_prompt_logprobs, input_token_logprobs):  # fmt: skip
+        return [sum(lp for lp, _, _ in lps) for lps in input_token_logprobs]
+
+    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
+                 output_token_logprobs, unconditional_token_logprobs=None):  # fmt: skip
+        sums = self.sampling_scores(normalized_prompt_logprobs, input_token_logprobs)
+        return ChoicesDecision(
+            choices[_argmax(sums)],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "sum_prompt_logprobs": sums,
                 "input_token_logprobs": input_token_logprobs,
                 "output_token_logprobs": output_token_logprobs,
             },
@@ -129,6 +165,7 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
 
 
 token_length_normalized = TokenLengthNormalized()
+sum_of_logprobs = SumOfLogprobs()
 greedy_token_selection = GreedyTokenSelection()
 unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
 
@@ -143,7 +180,8 @@ def decide(
 ) -> ChoicesDecision:
     """A backend's last step of ``select``: ``method`` over each choice's scored tokens (from
     position ``start`` of the prompt, recorded in the meta_info). ``temperature`` > 0 samples a
-    choice by its mean score instead of taking the best."""
+    choice by the method's ``sampling_scores`` (the mean log-probability for SGLang's methods)
+    instead of taking the best."""
     normalized = [sum(lp for lp, _, _ in s) / len(s) for s in scored]
     decision = method(
         choices=list(choices),
@@ -153,7 +191,9 @@ def decide(
         unconditional_token_logprobs=unconditional,
     )
     if temperature > 0:
-        weights = [math.exp((x - max(normalized)) / temperature) for x in normalized]
+        by = getattr(method, "sampling_scores", None)  # SGLang's own methods lack it
+        scores = by(normalized, scored) if by is not None else normalized
+        weights = [math.exp((x - max(scores)) / temperature) for x in scores]
         decision.decision = random.choices(list(choices), weights)[0]
     decision.meta_info["scored_from_position"] = start
     return decision

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -112,6 +113,7 @@ class StateExecutor:
         self._failed: set[str | None] = set()  # variables that an error left without a value
         self.children: list[StateExecutor] = []  # forked states, joined or not
         self.inherited_vars: set[str | None] = set()  # a fork's variables from its parent
+        self.made_vars: set[str | None] = set()  # variables this state assigned itself
         self._inherited = _set()  # a fork's: set once it holds its parent's state
         self._queue: collections.deque[Expr] = collections.deque()
         self._cond = threading.Condition()  # guards the queue; notified when anything changes
@@ -255,7 +257,11 @@ class StateExecutor:
 
     def join(self, children: list[StateExecutor], mode: str) -> None:
         """Wait for forked ``children`` and bring their results back (see ``ProgramStateGroup``):
-        a variable a child made (one it did not inherit) becomes a list here."""
+        a variable a child made (one it did not inherit) becomes a list here.
+
+        A variable this state holds is never replaced (SGLang's rule). Where a child assigned a
+        variable of that name itself, its value would vanish without a trace, so each such name
+        gets a ``UserWarning``; a child that only inherited the variable is no news."""
         for child in children:
             child.sync()
             child.raise_error()
@@ -264,17 +270,29 @@ class StateExecutor:
             self.sync()
             self.raise_error()
             return
+        self.sync()
         gathered: dict[str | None, list[Any]] = {}
         metas: dict[str | None, list[Any]] = {}
         gens: dict[str | None, Gen] = {}
+        shadowed: set[str | None] = set()
         for child in children:
             for name, value in child.variables.items():
-                if name not in child.inherited_vars:
+                if name in self.variables:
+                    if name in child.made_vars:
+                        shadowed.add(name)
+                elif name not in child.inherited_vars:
                     gathered.setdefault(name, []).append(value)
                     metas.setdefault(name, []).append(child.meta_info.get(name))
                     if name in child.gens:
                         gens[name] = child.gens[name]
-        self.sync()
+        for name in sorted(shadowed, key=str):
+            warnings.warn(
+                f"join() dropped the forks' values of variable {name!r}: the state already "
+                f"holds {name!r}, and a join never replaces a variable the state holds (as in "
+                f"SGLang). Give the forks' variable another name to gather their values",
+                UserWarning,
+                stacklevel=3,  # the program's forks.join()
+            )
         for name, values in gathered.items():
             if name in gens:
                 self.gens[name] = gens[name]
@@ -383,8 +401,16 @@ class StateExecutor:
         else:
             raise ProgramError(f"cannot execute {expr!r}")
 
+    def assign(self, name: str | None, value: Any) -> None:
+        """The program sets a variable itself (``s[name] = value``). A fork first takes its
+        parent's state, which would otherwise replace the value."""
+        self._inherited.wait()
+        self.variables[name] = value
+        self.made_vars.add(name)
+
     def _set_var(self, name: str | None, value: Any, meta: Any) -> None:
         self.variables[name] = value
+        self.made_vars.add(name)
         if meta is not None:
             self.meta_info[name] = meta
         signal = self._signals.get(name)

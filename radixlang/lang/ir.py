@@ -89,6 +89,9 @@ class SamplingDefaults:
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     seed: int | None = None
+    # None: not sent, so a backend's own default applies (1.0 and True everywhere).
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool | None = None
 
     def resolve(self, overrides: dict[str, Any], extra_stop: Sequence[str] = ()) -> dict[str, Any]:
         """The sampling parameters of one call: the defaults, with the call's overrides on top,
@@ -105,8 +108,9 @@ class SamplingDefaults:
         out["top_logprobs_num"] = out["top_logprobs_num"] or 0
         if out["logprob_start_len"] is None:
             out["logprob_start_len"] = -1
-        if out["seed"] is None:
-            del out["seed"]
+        for optional in ("seed", "repetition_penalty", "skip_special_tokens"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
 

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixlang.lang.backends.base import Backend
@@ -24,6 +25,36 @@ def set_default_backend(backend: Backend | None) -> None:
 
 def get_default_backend() -> Backend | None:
     return _default_backend
+
+
+# Engine settings that every Runtime() made inside ``runtime_defaults`` takes for what it does not
+# pass itself, and the Runtimes made there: `radixlang run` uses them so that a program that makes
+# its own Runtime runs on the command's --config and flags, and its cache is reported at the end.
+_runtime_defaults: dict[str, Any] = {}
+_runtimes_made: list[Backend] | None = None
+
+
+@contextlib.contextmanager
+def runtime_defaults(engine_args: dict[str, Any]) -> Iterator[list[Backend]]:
+    """Within the block, ``Runtime(...)`` takes ``engine_args`` (Engine keyword arguments) for
+    what it is not given; yields the list of the Runtimes made in the block."""
+    global _runtime_defaults, _runtimes_made
+    saved = _runtime_defaults, _runtimes_made
+    _runtime_defaults, _runtimes_made = dict(engine_args), []
+    try:
+        yield _runtimes_made
+    finally:
+        _runtime_defaults, _runtimes_made = saved
+
+
+def with_runtime_defaults(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """A Runtime's engine arguments over the defaults in force (see ``runtime_defaults``)."""
+    return {**_runtime_defaults, **engine_args}
+
+
+def runtime_made(runtime: Backend) -> None:
+    if _runtimes_made is not None:
+        _runtimes_made.append(runtime)
 
 
 def resolve_backend(backend: Backend | None) -> Backend:

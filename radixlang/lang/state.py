@@ -33,7 +33,7 @@ class ProgramState:
         return self.executor.get_var(name)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        self.executor.variables[name] = value
+        self.executor.assign(name, value)
 
     def __contains__(self, name: str) -> bool:
         return name in self.executor.variables
@@ -42,7 +42,7 @@ class ProgramState:
         return self.executor.get_var(name)
 
     def set_var(self, name: str, value: Any) -> None:
-        self.executor.variables[name] = value
+        self.executor.assign(name, value)
 
     async def aget(self, name: str) -> Any:
         """``s[name]`` for async programs: waits without blocking the event loop."""
@@ -266,7 +266,12 @@ class ProgramStateGroup:
 
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every branch. ``gather_variable``: each variable a branch made becomes a list
-        in the parent; ``concate_and_append``: the branches' new text is appended in order."""
+        in the parent; ``concate_and_append``: the branches' new text is appended in order.
+
+        A variable the parent already holds keeps the parent's value, as in SGLang; when the
+        branches assigned that name themselves (their values are then dropped), a
+        ``UserWarning`` names it. A warning, not an error: SGLang programs that do this run
+        unchanged, and the fix (another name for the branches' variable) is the program's."""
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}: gather_variable or concate_and_append")
         children = [s.executor for s in self.states]

@@ -15,7 +15,7 @@ from radixlang.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from radixlang.runtime.block_pool import BlockPool, IntegrityError, OutOfBlocksError
     from radixlang.runtime.constraint import TokenConstraint
-    from radixlang.runtime.engine import Engine, EngineClosedError, RequestError
+    from radixlang.runtime.engine import CacheBusyError, Engine, EngineClosedError, RequestError
     from radixlang.runtime.handle import GenerationError, RequestHandle
     from radixlang.runtime.model_runner import ModelRunner, SequenceInput, resolve_dtype
     from radixlang.runtime.radix_cache import CacheHandle, RadixCache
@@ -33,6 +33,7 @@ _EXPORTS = {
     "IntegrityError": "radixlang.runtime.block_pool",
     "OutOfBlocksError": "radixlang.runtime.block_pool",
     "TokenConstraint": "radixlang.runtime.constraint",
+    "CacheBusyError": "radixlang.runtime.engine",
     "Engine": "radixlang.runtime.engine",
     "EngineClosedError": "radixlang.runtime.engine",
     "RequestError": "radixlang.runtime.engine",
@@ -56,6 +57,7 @@ _EXPORTS = {
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "BlockPool",
+    "CacheBusyError",
     "CacheHandle",
     "Engine",
     "EngineClosedError",

@@ -6,7 +6,7 @@ the detokenizer turns them into text, stopping at stop strings. Requests arrive 
 through ``submit``; their handles stream events and hold the final result.
 
 Nothing here knows about programs: the frontend talks to the engine through ``submit``,
-``generate``, ``abort`` and ``flush_cache``.
+``generate``, ``abort``, ``flush_cache``, ``stats`` and ``reset_stats``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from radixlang.models import DEFAULT_MODEL, ModelFiles
 from radixlang.runtime.block_pool import BlockPool, blocks_for
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
+from radixlang.runtime.dtype_choice import AUTO, choose_dtype
 from radixlang.runtime.grammar_masks import MaskFiller
 from radixlang.runtime.handle import EventCallback, RequestHandle
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
@@ -61,6 +62,10 @@ class EngineClosedError(RuntimeError):
     """The engine was shut down."""
 
 
+class CacheBusyError(RuntimeError):
+    """``flush_cache`` found requests still in flight when its wait ran out: nothing flushed."""
+
+
 def parse_memory(value: int | str | None) -> int | None:
     """Bytes from an int or a size such as ``"512MiB"``, ``"2GB"``, ``"1.5GiB"``."""
     if value is None or isinstance(value, int):
@@ -77,19 +82,35 @@ def parse_memory(value: int | str | None) -> int | None:
 class Engine:
     """Continuous batching over a radix prefix cache on one model.
 
+    ``model`` is a registered name, a local folder or ``.gguf`` file, or ``ModelFiles`` (the
+    default model when omitted); ``model_path=`` is an alias (SGLang's name), not to be given
+    with it. ``dtype`` is the weights' (and by default the KV cache's) dtype: ``"auto"`` (the
+    default) picks bfloat16 where the device computes it natively and float32 elsewhere (see
+    ``runtime/dtype_choice.py``); :attr:`dtype` says which was chosen.
+
     ``kv_memory`` (bytes or a size string) or ``num_blocks`` sizes the KV pool; by default it
     takes a share of free memory (see ``kv_cache.default_kv_budget``). With
     ``background=False`` no thread is started and the caller drives ``step()``.
     ``jump_forward`` appends the text a request's grammar forces without decoding it token by
     token; ``overlap_masks`` fills grammar masks on a worker thread while the forward runs.
+
+    ``threads`` is the number of torch intra-op (OpenMP) threads the engine's forward passes
+    use; None keeps torch's default. It is set on the engine's own thread (the caller's with
+    ``background=False``) before the model loads: OpenMP sizes its thread team per calling
+    thread, so setting it on any other thread would not reach the engine's work. torch also
+    keeps the value process-wide, as the count for threads that start using torch later.
+
+    ``max_context`` caps the context window below the model's (prompt plus output tokens per
+    request): longer prompts are refused and ``max_new_tokens`` is cut to fit, as at the
+    model's own limit.
     """
 
     def __init__(
         self,
-        model: str | Path | ModelFiles = DEFAULT_MODEL,
+        model: str | Path | ModelFiles | None = None,
         kv_memory: int | str | None = None,
         block_size: int = 16,
-        dtype: str | torch.dtype = "float32",
+        dtype: str | torch.dtype = AUTO,
         device: str | torch.device = "cpu",
         max_batch_tokens: int | None = None,
         max_running_requests: int = 256,
@@ -101,7 +122,24 @@ class Engine:
         check_integrity_every_step: bool = False,
         jump_forward: bool = True,
         overlap_masks: bool = True,
+        *,
+        threads: int | None = None,
+        max_context: int | None = None,
+        model_path: str | Path | ModelFiles | None = None,
     ) -> None:
+        if max_context is not None and (
+            not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
+        ):
+            raise ValueError(f"max_context must be a positive integer, got {max_context!r}")
+        self._max_context_cap = max_context
+        if model is not None and model_path is not None:
+            raise TypeError(
+                "Engine() got both model and model_path: they name the same argument "
+                "(model_path is SGLang's name for it), give one"
+            )
+        model = model if model is not None else model_path
+        model = DEFAULT_MODEL if model is None else model
+        self.threads = _check_threads(threads)
         self.check_integrity_every_step = check_integrity_every_step
         # Jump-forward decoding: text a request's grammar forces is appended at once and
         # computed in the next step's extend, instead of one decode step per token.
@@ -122,17 +160,25 @@ class Engine:
         self._recent: collections.deque[tuple[float, float, int]] = collections.deque()
         self._busy_seconds = 0.0
         self._thread: threading.Thread | None = None
+        self._went_idle = threading.Event()  # set by the engine thread when it runs out of work
 
         def build() -> None:
+            if self.threads is not None:
+                torch.set_num_threads(self.threads)  # on the thread that runs the forwards
             self.runner = ModelRunner(
                 model,
-                dtype=dtype,
+                dtype=choose_dtype(dtype, device),
                 device=device,
                 block_size=block_size,
                 num_blocks=num_blocks,
                 kv_budget_bytes=parse_memory(kv_memory),
                 kv_dtype=kv_dtype,
             )
+            cap, model_context = self._max_context_cap, self.runner.max_context
+            if cap is not None and cap > model_context:
+                raise ValueError(
+                    f"max_context {cap} exceeds the model's context window of {model_context}"
+                )
             self.files = self.runner.files
             self.tokenizer = _load_tokenizer(self.files)
             self.eos_token_ids = self._eos_token_ids()
@@ -181,7 +227,14 @@ class Engine:
     # ---- public API ------------------------------------------------------------------------
     @property
     def max_context(self) -> int:
-        return self.runner.max_context
+        """The context window requests get: the model's, or the ``max_context`` cap."""
+        cap = self._max_context_cap
+        return self.runner.max_context if cap is None else min(cap, self.runner.max_context)
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype, as chosen (``"auto"`` resolved): ``"float32"``, ``"bfloat16"``."""
+        return str(self.runner.dtype).removeprefix("torch.")
 
     @property
     def overlap_masks(self) -> bool:
@@ -304,16 +357,48 @@ class Engine:
         self._inbox.append(("abort", request_id))
         self._wake.set()
 
-    def flush_cache(self) -> bool:
-        """Drop every cached prefix; refused (False) while requests are in flight."""
+    def flush_cache(self, wait: float | None = 0.0) -> bool:
+        """Drop every cached prefix (the KV that finished requests left); returns True.
 
-        def flush() -> bool:
-            if self.scheduler.has_work():
-                return False
-            self.cache.flush()
-            return True
+        A flush happens only while no request is queued or running. With requests in flight it
+        waits up to ``wait`` seconds (None: as long as they take) for them to finish, then
+        flushes; if some are still in flight then, it raises :class:`CacheBusyError` and
+        flushes nothing. With ``background=False`` the wait runs the engine's steps itself;
+        called on the engine thread (an ``on_event`` callback) it cannot wait at all."""
+        if wait is not None and (
+            isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0
+        ):
+            raise ValueError(f"flush_cache(wait=...) takes None or seconds >= 0, got {wait!r}")
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            self._went_idle.clear()
+            busy = self._call(self._flush_if_idle)
+            if busy is None:
+                return True
+            thread = self._thread
+            remaining = None if deadline is None else deadline - time.monotonic()
+            cannot_wait = threading.current_thread() is thread or (
+                thread is not None and not thread.is_alive()
+            )
+            if cannot_wait or (remaining is not None and remaining <= 0):
+                running, waiting = busy
+                waited = f" after waiting {wait:g} s" if wait else ""
+                raise CacheBusyError(
+                    f"cannot flush the cache{waited}: {running} running and {waiting} waiting "
+                    "requests are in flight; flush_cache(wait=seconds) waits for them to finish, "
+                    "abort(request_id) stops one"
+                )
+            if thread is None:
+                self.step()
+            else:
+                self._went_idle.wait(0.05 if remaining is None else min(remaining, 0.05))
 
-        return self._call(flush)
+    def _flush_if_idle(self) -> tuple[int, int] | None:
+        """Flush unless requests are in flight; None when flushed, else (running, waiting)."""
+        if self.scheduler.has_work():
+            return len(self.scheduler.running), len(self.scheduler.waiting)
+        self.cache.flush()
+        return None
 
     def check_integrity(self) -> None:
         """Check the pool, the cache and the requests on the engine thread; raises on a fault."""
@@ -322,11 +407,45 @@ class Engine:
     def stats(self) -> dict[str, float | int]:
         """Requests, blocks, cached tokens, prompt tokens computed vs reused, throughput.
 
+        Instantaneous (the state now): ``running_requests``, ``waiting_requests``,
+        ``blocks_total``, ``blocks_free``, ``blocks_used``, ``blocks_evictable``,
+        ``cached_tokens`` (tokens in the radix cache) and ``tokens_per_second`` (tokens
+        generated over the steps of the last 10 seconds).
+
+        Cumulative since the engine started, or since the last :meth:`reset_stats`: ``steps``,
+        ``generated_tokens``, ``finished_requests`` and ``finished_<reason>`` (stop, length,
+        abort, error), ``prompt_tokens`` (of admitted requests), ``prompt_tokens_reused`` (from
+        the cache), ``prompt_tokens_computed``, ``recomputed_tokens`` (again after a
+        retraction), ``retractions``, ``evicted_blocks``, ``jump_forward_tokens``,
+        ``jump_forward_jumps``; and figures derived from them: ``cache_hit_rate`` (reused /
+        prompt tokens), ``busy_tokens_per_second`` (generated tokens / time spent in steps),
+        and ``grammar_mask_steps`` with the p50/p99 ``grammar_mask_ms_*`` and
+        ``grammar_mask_wait_ms_*`` (over the last 2048 steps with constrained rows).
+
         Read on the engine thread (between steps) while it runs, so the figures are those of
         whole steps: a caller whose request just finished sees that step's tokens counted."""
         if self._thread is not None and self._thread.is_alive() and not self._closed:
             return self._call(self._stats)
         return self._stats()
+
+    def reset_stats(self) -> None:
+        """Zero the cumulative figures of :meth:`stats` (a benchmark measuring one run); the
+        instantaneous ones describe the engine's state and are left as they are. Runs on the
+        engine thread between steps, so no step is counted half before and half after."""
+        if self._thread is not None and self._thread.is_alive() and not self._closed:
+            self._call(self._reset_stats)
+        else:
+            self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self.scheduler.reset_counters()
+        self._generated_tokens = 0
+        self._finished_requests = 0
+        self._finished_by_reason.clear()
+        self._busy_seconds = 0.0
+        self._jump_forward_tokens = 0
+        self._jump_forward_jumps = 0
+        self._masks.reset()
 
     def _stats(self) -> dict[str, float | int]:
         s = self.scheduler.stats()
@@ -776,6 +895,7 @@ class Engine:
                     log.exception("engine step failed outside the model run")
                     self._fail_all(e)
             else:
+                self._went_idle.set()  # a flush_cache waiting for the requests to end may go
                 self._wake.wait()
                 self._wake.clear()
         self._abort_all()
@@ -939,6 +1059,14 @@ class Engine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)
+
+
+def _check_threads(threads: int | None) -> int | None:
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
+    return threads
 
 
 def _load_tokenizer(files: ModelFiles) -> Any | None:

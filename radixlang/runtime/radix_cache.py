@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 from radixlang.runtime.block_pool import BlockPool, IntegrityError
 
@@ -386,6 +387,52 @@ class RadixCache:
             self.pool.check_integrity(tree_refs + Counter(external_refs))
 
     # ---- rendering -----------------------------------------------------------------------
+    def describe(self, max_nodes: int | None = None) -> dict[str, Any]:
+        """The tree as nested plain dicts (JSON-ready), for viewers such as the REPL's /tree.
+
+        Each node: ``id``, ``start``/``end`` (its token positions), ``token_ids`` (its edge),
+        ``blocks`` (pool ids), ``own_blocks`` (blocks no ancestor also holds), ``block_refs``
+        (each block's pool reference count: tree holders plus running requests), ``hits``
+        (matches that passed through it), ``lock_ref`` (running requests whose path includes
+        it), ``age`` (cache operations since it was last matched or inserted: its LRU age) and
+        ``children`` (by first token). The root (``id`` 0, no tokens) also carries
+        ``num_nodes``, ``shown_nodes`` (at most ``max_nodes``, depth-first) and
+        ``tree_blocks``, the distinct blocks the tree holds. Read it where nothing mutates the
+        cache (the engine thread: ``Engine._call``)."""
+        shown = 0
+        tree_blocks: set[int] = set()
+
+        def info(node: _Node) -> dict[str, Any]:
+            tree_blocks.update(node.blocks)
+            return {
+                "id": node.id,
+                "start": node.start,
+                "end": node.end,
+                "token_ids": list(node.tokens),
+                "blocks": list(node.blocks),
+                "own_blocks": node.own_blocks,
+                "block_refs": [self.pool.refcount(b) for b in node.blocks],
+                "hits": node.hits,
+                "lock_ref": node.lock_ref,
+                "age": self._clock - node.last_access,
+                "children": [],
+            }
+
+        root = info(self.root)
+        stack = [(child, root) for child in reversed(self._ordered_children(self.root))]
+        while stack:
+            node, parent_info = stack.pop()
+            if max_nodes is not None and shown >= max_nodes:
+                tree_blocks.update(node.blocks)  # counted, though not shown
+                stack.extend((c, parent_info) for c in node.children.values())
+                continue
+            shown += 1
+            node_info = info(node)
+            parent_info["children"].append(node_info)
+            stack.extend((c, node_info) for c in reversed(self._ordered_children(node)))
+        root.update(num_nodes=self._num_nodes, shown_nodes=shown, tree_blocks=len(tree_blocks))
+        return root
+
     def render(
         self,
         decode: Callable[[list[int]], str] | None = None,

@@ -105,6 +105,8 @@ class Scheduler:
         self.running: list[Req] = []
         self.new_token_ratio = INITIAL_NEW_TOKEN_RATIO
         self.counters = SchedulerCounters()
+        # The cache's eviction count at the last reset: stats count evictions from there.
+        self._evicted_base = cache.evicted_blocks_total
 
     # ---- queue ---------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -328,7 +330,13 @@ class Scheduler:
         if not self.running and self.cache.protected_size():
             raise IntegrityError("cache paths stay locked with no request running")
 
+    def reset_counters(self) -> None:
+        """Zero the cumulative counters (steps, prompt tokens, retractions, evictions)."""
+        self.counters = SchedulerCounters()
+        self._evicted_base = self.cache.evicted_blocks_total
+
     def stats(self) -> dict[str, float | int]:
+        """The queues and the pool now, and the counters since start or the last reset."""
         c = self.counters
         return {
             "running_requests": len(self.running),
@@ -344,7 +352,7 @@ class Scheduler:
             "recomputed_tokens": c.recomputed_tokens,
             "cache_hit_rate": c.prompt_tokens_reused / c.prompt_tokens if c.prompt_tokens else 0.0,
             "retractions": c.retractions,
-            "evicted_blocks": self.cache.evicted_blocks_total,
+            "evicted_blocks": self.cache.evicted_blocks_total - self._evicted_base,
             "steps": c.steps,
         }
 

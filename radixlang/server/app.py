@@ -3,7 +3,7 @@
 Routes:
 
 - SGLang's native API: ``POST /generate`` (see ``native``), ``GET /get_model_info``,
-  ``GET /get_server_info`` (and ``/server_info``), ``POST /flush_cache``,
+  ``GET /get_server_info`` (and ``/server_info``), ``POST /flush_cache`` (``?timeout=``),
   ``POST /abort_request``, ``POST /concate_and_append_request``;
 - the OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
   (see ``openai``);
@@ -23,6 +23,7 @@ import contextlib
 import gc
 import hmac
 import logging
+import math
 import socket
 import threading
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from radixlang.runtime.engine import Engine
+from radixlang.runtime.engine import CacheBusyError, Engine
 from radixlang.runtime.request import FinishReason, GenerateRequest
 from radixlang.server import metrics, native
 from radixlang.server.common import (
@@ -258,12 +259,17 @@ def create_app(
     app.add_api_route("/get_server_info", server_info, methods=["GET"])
     app.add_api_route("/server_info", server_info, methods=["GET"])
 
-    @app.post("/flush_cache")
-    async def flush_cache() -> JSONResponse:
-        if not await run_in_threadpool(engine.flush_cache):
-            raise APIError(409, "requests are in flight: the cache was not flushed",
-                           kind="conflict")  # fmt: skip
-        return JSONResponse({"success": True, "message": "cache flushed"})
+    async def flush_cache(request: Request) -> JSONResponse:
+        """SGLang's contract: 200 once flushed, 400 while requests are in flight after waiting
+        up to ``?timeout=`` seconds (default 0) for them to finish."""
+        timeout = _flush_timeout(request.query_params.get("timeout"))
+        try:
+            await run_in_threadpool(engine.flush_cache, timeout)
+        except CacheBusyError as e:
+            raise APIError(400, str(e), kind="cache_busy") from None
+        return JSONResponse({"success": True, "message": "Cache flushed."})
+
+    app.add_api_route("/flush_cache", flush_cache, methods=["GET", "POST"])
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
@@ -306,6 +312,19 @@ def create_app(
         return JSONResponse({"success": True})
 
     return app
+
+
+def _flush_timeout(value: str | None) -> float:
+    """``/flush_cache``'s ``timeout`` query parameter: seconds to wait, finite and >= 0."""
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise APIError(400, f"timeout must be seconds >= 0, got {value!r}", param="timeout")
+    return seconds
 
 
 def _config(app: Any, host: str, port: int, drain_timeout: float, log_level: str) -> Any:

@@ -9,6 +9,7 @@ import pytest
 def tiny_runtime(chat_model_dir):
     import radixlang as sgl
 
-    rt = sgl.Runtime(model_path=str(chat_model_dir), kv_memory="64MiB")
+    # float32: select's scores are compared with float32 transformers ("auto" may be bf16).
+    rt = sgl.Runtime(model_path=str(chat_model_dir), kv_memory="64MiB", dtype="float32")
     yield rt
     rt.shutdown()

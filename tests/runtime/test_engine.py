@@ -13,7 +13,7 @@ import torch
 from tiny_models import load_reference, make_tiny_model
 
 from radixlang.runtime.block_pool import blocks_for
-from radixlang.runtime.engine import Engine, RequestError, parse_memory
+from radixlang.runtime.engine import CacheBusyError, Engine, RequestError, parse_memory
 from radixlang.runtime.handle import GenerationError
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import FinishReason
@@ -40,6 +40,7 @@ def engine(folder, **kw) -> Engine:
     kw.setdefault("block_size", 4)
     kw.setdefault("background", False)
     kw.setdefault("check_integrity_every_step", True)
+    kw.setdefault("dtype", "float32")  # compared with float32 transformers ("auto" may be bf16)
     return Engine(folder, **kw)
 
 
@@ -589,7 +590,8 @@ def test_flush_is_refused_while_requests_run(folder):
     eng = engine(folder)
     h = eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 6})
     eng.step()
-    assert eng.flush_cache() is False
+    with pytest.raises(CacheBusyError, match="1 running and 0 waiting"):
+        eng.flush_cache()
     while not h.done:
         eng.step()
     assert eng.flush_cache() is True

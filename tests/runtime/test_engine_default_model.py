@@ -80,7 +80,7 @@ def expected(files, prompts):
 
 @pytest.fixture(scope="module")
 def engine(files):
-    eng = Engine(files, kv_memory="256MiB", check_integrity_every_step=True)
+    eng = Engine(files, kv_memory="256MiB", dtype="float32", check_integrity_every_step=True)
     yield eng
     eng.shutdown()
 

@@ -1,6 +1,6 @@
 """The in-process backend: programs run on a local :class:`~radixlang.runtime.engine.Engine`.
 
-``Runtime()`` starts an engine on the default model (or ``model_path``) and is the backend. Every
+``Runtime()`` starts an engine on the default model (or ``model``) and is the backend. Every
 generation call is one engine request over the program's whole text; the engine's radix cache
 makes the shared part free, so branches, turns and batch items never recompute a prefix.
 """
@@ -8,11 +8,14 @@ makes the shared part free, so branches, turns and batch items never recompute a
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from radixlang.lang.backends.base import Backend
 from radixlang.lang.chat_template import ChatTemplate, from_tokenizer
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.run_options import runtime_made, with_runtime_defaults
+from radixlang.models import ModelFiles
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import GenerateRequest, GenerationResult
@@ -116,8 +119,14 @@ class LocalBackend(Backend):
         if wait:
             handle.result()
 
-    def flush_cache(self) -> bool:
-        return self.engine.flush_cache()
+    def flush_cache(self, wait: float | None = 0.0) -> bool:
+        """Drop the engine's cached prefixes (``Engine.flush_cache``): True, or
+        ``CacheBusyError`` when requests are still in flight after ``wait`` seconds."""
+        return self.engine.flush_cache(wait)
+
+    def reset_stats(self) -> None:
+        """Zero the engine's cumulative counters (``Engine.reset_stats``)."""
+        self.engine.reset_stats()
 
     def stats(self) -> dict[str, float | int]:
         return self.engine.stats()
@@ -149,12 +158,28 @@ def _meta_info(result: GenerationResult) -> dict[str, Any]:
 
 
 class Runtime(LocalBackend):
-    """A local runtime: an engine on ``model_path`` (the default model when omitted).
+    """A local runtime: an engine on ``model`` (the default model when omitted).
 
-    Keyword arguments go to :class:`~radixlang.runtime.engine.Engine` (``dtype``, ``device``,
-    ``kv_memory``, ``max_batch_tokens``, ``schedule_policy``, ...)."""
+    ``model_path=`` is an alias for ``model`` (SGLang's name: ``sgl.Runtime(model_path=...)``
+    programs run unchanged); giving both is a ``TypeError``. Keyword arguments go to
+    :class:`~radixlang.runtime.engine.Engine`, by its names (``dtype``, default ``"auto"``;
+    ``device``, ``kv_memory``, ``threads``, ``max_batch_tokens``, ``schedule_policy``, ...)."""
 
-    def __init__(self, model_path: str | None = None, **engine_args: Any) -> None:
-        if model_path is not None:
-            engine_args["model"] = model_path
+    def __init__(
+        self,
+        model: str | Path | ModelFiles | None = None,
+        *,
+        model_path: str | Path | ModelFiles | None = None,
+        **engine_args: Any,
+    ) -> None:
+        if model is not None and model_path is not None:
+            raise TypeError(
+                "Runtime() got both model and model_path: they name the same argument "
+                "(model_path is SGLang's name for it), give one"
+            )
+        model = model if model is not None else model_path
+        engine_args = with_runtime_defaults(engine_args)  # `radixlang run`'s settings, if any
+        if model is not None:
+            engine_args["model"] = model
         super().__init__(Engine(**engine_args))
+        runtime_made(self)

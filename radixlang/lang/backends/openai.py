@@ -7,8 +7,10 @@ log-probabilities for given text). ``is_chat_model=False`` uses ``/completions``
 program's text, where ``select`` scores choices with ``echo`` and prompt log-probabilities.
 
 Sampling parameters arrive in the engine's names and leave in OpenAI's; the ones OpenAI lacks
-(``top_k``, ``min_p``, ``regex``, ``ebnf``, ...) are sent, as vLLM and SGLang take them, only when a
-program sets them, so a plain program stays a valid request for any service.
+(``top_k``, ``min_p``, ``repetition_penalty``, ``skip_special_tokens``, ``regex``, ``ebnf``,
+...) are sent, as vLLM and SGLang take them, only when a program sets them, so a plain program
+stays a valid request for any service; OpenAI's own service refuses them, so there they raise
+``NotImplementedError`` before a request is sent.
 
 Structured output: ``gen(json_schema=...)`` becomes a chat request's ``response_format``
 (``json_schema``, strict, every object closed to other keys as strict mode requires), or a
@@ -217,6 +219,12 @@ def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dic
         value = sampling.get(name)
         if value is None or value == default or (name == "top_k" and value == 0):
             continue
+        if official:  # OpenAI's own API has none of these: say so before it answers a 400
+            raise NotImplementedError(
+                f"OpenAI's API has no {key}: gen({key}=...) cannot run on api.openai.com. Use a "
+                "radixlang, SGLang or vLLM server (RuntimeEndpoint, or OpenAI(base_url=...) "
+                "pointing at one), or a local Runtime"
+            )
         out[key] = value
     if sampling.get("json_schema") is not None:
         schema = sampling["json_schema"]

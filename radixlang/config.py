@@ -1,0 +1,456 @@
+"""One configuration for the engine, the scheduler and the server: a TOML file plus flags.
+
+A file has two tables, ``[engine]`` and ``[server]`` (see ``SETTINGS`` for their keys). The
+effective value of a setting is the flag's when one was given, else the file's, else the
+default. The file comes from ``--config FILE`` or, failing that, ``$RADIXLANG_CONFIG``.
+
+Every bad key or value is a :class:`ConfigError` that names it (``engine.block_size must be a
+positive integer, got 'x'``). This module imports no layer of the package (no torch), so
+``radixlang config --print`` answers at once; the engine still checks what it is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from radixlang.models import DEFAULT_MODEL
+
+CONFIG_ENV = "RADIXLANG_CONFIG"
+SECTIONS = ("engine", "server")
+# The scheduler's and the weights' names (runtime/scheduler.py SchedulePolicy, and "auto"
+# beside model_runner's DTYPES); tests/test_config.py checks these lists against the runtime.
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
+DEFAULT_KV_MEMORY = "1GiB"
+# engine.kv_memory's sizes: the same pattern as runtime/engine.py's parse_memory.
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that is not valid; the message names it."""
+
+
+# ---- kinds of value ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kind:
+    """What a setting's value must be: ``check`` takes a TOML value, ``parse`` a flag's text.
+    Both return the value to keep or raise ``ValueError`` with ``description``."""
+
+    description: str
+    check: Callable[[Any], Any]
+    parse: Callable[[str], Any]
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None  # the flag's placeholder (default: the key in capitals)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_kind(description: str, ok: Callable[[int], bool], metavar: str = "N") -> Kind:
+    def check(value: Any) -> int:
+        if not _is_int(value) or not ok(value):
+            raise ValueError(description)
+        return value
+
+    def parse(text: str) -> int:
+        try:
+            return check(int(text.strip()))
+        except ValueError:
+            raise ValueError(description) from None
+
+    return Kind(description, check, parse, metavar=metavar)
+
+
+def _number_kind(description: str) -> Kind:
+    def check(value: Any) -> float:
+        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+            raise ValueError(description)
+        if value < 0:
+            raise ValueError(description)
+        return float(value)
+
+    def parse(text: str) -> float:
+        try:
+            return check(float(text.strip()))
+        except ValueError:
+            raise ValueError(description) from None
+
+    return Kind(description, check, parse, metavar="SECONDS")
+
+
+def _choice_kind(choices: Sequence[str]) -> Kind:
+    description = "one of " + ", ".join(choices)
+
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(description)
+        return value
+
+    return Kind(description, check, check, tuple(choices))
+
+
+def _text_kind(description: str, pattern: str | None = None) -> Kind:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(description)
+        if pattern is not None and not re.fullmatch(pattern, value):
+            raise ValueError(description)
+        return value
+
+    return Kind(description, check, check)
+
+
+def _size_check(value: Any) -> int | str:
+    description = "a size such as '512MiB' or '2GiB', or a number of bytes"
+    if _is_int(value) and value > 0:
+        return value
+    if isinstance(value, str) and _SIZE.fullmatch(value) and float(_SIZE.fullmatch(value)[1]):
+        return value
+    raise ValueError(description)
+
+
+def _size_parse(text: str) -> int | str:
+    return _size_check(int(text) if text.strip().isdigit() else text)
+
+
+def _origins_check(value: Any) -> tuple[str, ...]:
+    description = "a list of origins such as ['http://localhost:3000']"
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, str) and v.strip() for v in value
+    ):
+        raise ValueError(description)
+    return tuple(value)
+
+
+POSITIVE_INT = _int_kind("a positive integer", lambda v: v > 0)
+INTEGER = _int_kind("an integer", lambda v: True)
+PORT = _int_kind("a port number from 0 to 65535", lambda v: 0 <= v <= 65535, "PORT")
+SECONDS = _number_kind("a number of seconds >= 0")
+SIZE = Kind(
+    "a size such as '512MiB' or '2GiB', or a number of bytes",
+    _size_check,
+    _size_parse,
+    metavar="SIZE",
+)
+TEXT = _text_kind("a non-empty string")
+DEVICE = _text_kind("a device such as 'cpu', 'cuda' or 'cuda:1'", r"[a-z]+(:[0-9]+)?")
+# A flag takes the origins as separate words (nargs="+"), each checked as a one-item list.
+ORIGINS = Kind(
+    "a list of origins such as ['http://localhost:3000']",
+    _origins_check,
+    lambda text: _origins_check([text])[0],
+)
+
+
+# ---- the settings --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    """One key of the file, with its flag (``--`` and the key with dashes)."""
+
+    section: str
+    key: str
+    kind: Kind
+    default: Any  # None: unset, the engine or server decides
+    help: str
+    metavar: str | None = None  # the flag's placeholder, where the kind's is not apt
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+ENGINE_SETTINGS = (
+    Setting("engine", "model", TEXT, DEFAULT_MODEL, "a model name, a folder or a .gguf file"),
+    Setting("engine", "dtype", _choice_kind(DTYPES), "auto",
+            "weights' dtype; auto: bfloat16 where the hardware computes it natively, else "
+            "float32"),
+    Setting("engine", "device", DEVICE, "cpu", "cpu, cuda or cuda:N"),
+    Setting("engine", "kv_memory", SIZE, None,
+            f"KV cache size, e.g. 512MiB or 2GiB (default {DEFAULT_KV_MEMORY}; not with "
+            "num_blocks)"),
+    Setting("engine", "num_blocks", POSITIVE_INT, None,
+            "KV cache size in blocks (instead of kv_memory)"),
+    Setting("engine", "block_size", POSITIVE_INT, 16, "tokens per KV block"),
+    Setting("engine", "max_running_requests", POSITIVE_INT, 256,
+            "requests decoding at once"),
+    Setting("engine", "max_batch_tokens", POSITIVE_INT, None,
+            "tokens per engine step (default 2048 on CPUs, 8192 on GPUs)"),
+    Setting("engine", "schedule_policy", _choice_kind(SCHEDULE_POLICIES), "lpm",
+            "admission order: lpm (longest cached prefix first), fcfs or dfs-weight"),
+    Setting("engine", "max_context", POSITIVE_INT, None,
+            "cap on a sequence's length in tokens (default: the model's context)"),
+    Setting("engine", "threads", POSITIVE_INT, None,
+            "CPU threads for the forward pass (default: torch's)"),
+    Setting("engine", "seed", INTEGER, 0, "the engine's sampling seed"),
+)  # fmt: skip
+SERVER_SETTINGS = (
+    Setting("server", "host", TEXT, "127.0.0.1", "address to listen on"),
+    Setting("server", "port", PORT, 30000, "port to listen on"),
+    Setting("server", "api_key", TEXT, None,
+            "require 'Authorization: Bearer KEY' (default: $RADIXLANG_API_KEY)", "KEY"),
+    Setting("server", "served_model_name", TEXT, None,
+            "the model name clients use (default: the model's)", "NAME"),
+    Setting("server", "max_queued_requests", POSITIVE_INT, None,
+            "answer 503 (Retry-After: 1) rather than queue more than this many requests"),
+    Setting("server", "allowed_origins", ORIGINS, None,
+            "origins whose browser pages may call the API (CORS), e.g. http://localhost:3000"),
+    Setting("server", "drain_timeout", SECONDS, 30.0,
+            "seconds to let requests in flight finish on shutdown before aborting them"),
+    Setting("server", "log_level", _choice_kind(LOG_LEVELS), "info", "the server's log level"),
+)  # fmt: skip
+SETTINGS = {s.name: s for s in (*ENGINE_SETTINGS, *SERVER_SETTINGS)}
+
+
+# ---- the configuration ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """The effective settings (``values``, by ``section.key``; None where unset), which of them
+    a file or a flag gave (``given``), and the file read, if any."""
+
+    values: Mapping[str, Any]
+    given: frozenset[str] = frozenset()
+    source: Path | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def section(self, section: str) -> dict[str, Any]:
+        return {s.key: self.values[s.name] for s in SETTINGS.values() if s.section == section}
+
+    def engine_kwargs(self, only_given: bool = False) -> dict[str, Any]:
+        """Keyword arguments for ``Engine`` (and ``Runtime``): every setting that has a value,
+        or with ``only_given`` only those a file or a flag gave."""
+        kwargs = {
+            key: value
+            for key, value in self.section("engine").items()
+            if value is not None and (not only_given or f"engine.{key}" in self.given)
+        }
+        return kwargs
+
+    def server_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``radixlang.server.app.serve`` (after the engine)."""
+        kwargs = self.section("server")
+        origins = kwargs["allowed_origins"]
+        kwargs["allowed_origins"] = list(origins) if origins else None
+        return kwargs
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {
+            section: {
+                k: list(v) if isinstance(v, tuple) else v for k, v in self.section(section).items()
+            }
+            for section in SECTIONS
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+    def to_toml(self) -> str:
+        """The settings as a TOML file that :func:`load_config` reads back to the same values;
+        unset ones are comments."""
+        lines = ["# radixlang configuration: radixlang CMD --config FILE"]
+        if self.source is not None:
+            lines.append(f"# from {self.source}, then flags, then defaults")
+        for section, settings in (("engine", ENGINE_SETTINGS), ("server", SERVER_SETTINGS)):
+            lines += ["", f"[{section}]"]
+            for s in settings:
+                value = self.values[s.name]
+                if value is None:
+                    lines.append(f"# {s.key}: unset; {s.help}")
+                else:
+                    lines.append(f"{s.key} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON's string escapes are TOML's too
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The file's settings by ``section.key``, each checked; a bad one is a ``ConfigError``."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} could not be read: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    return check_values(data, where=str(path))
+
+
+def check_values(data: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
+    """Settings by ``section.key`` from TOML's nested tables, each key and value checked."""
+    values: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in SECTIONS:
+            homes = [s.section for s in SETTINGS.values() if s.key == section]
+            if homes:  # a setting outside its table
+                hint = f": put it in the [{homes[0]}] table"
+            else:
+                hint = _did_you_mean(section, SECTIONS) or ": the tables are [engine], [server]"
+            raise ConfigError(f"{where}: unknown key or table {section!r}{hint}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: {section!r} must be a table ([{section}])")
+        keys = [s.key for s in SETTINGS.values() if s.section == section]
+        for key, value in table.items():
+            name = f"{section}.{key}"
+            setting = SETTINGS.get(name)
+            if setting is None:
+                raise ConfigError(f"{where}: unknown key {name!r}{_did_you_mean(key, keys)}")
+            try:
+                values[name] = setting.kind.check(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{where}: {name} must be {setting.kind.description}, got {value!r}"
+                ) from None
+    if "engine.kv_memory" in values and "engine.num_blocks" in values:
+        raise ConfigError(f"{where}: give engine.kv_memory or engine.num_blocks, not both")
+    return values
+
+
+def resolve(file_values: Mapping[str, Any], flag_values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flags over the file over the defaults. kv_memory and num_blocks size the same pool, so
+    a flag for one of them drops the file's other."""
+    if "engine.kv_memory" in flag_values and "engine.num_blocks" in flag_values:
+        raise ConfigError("give --kv-memory or --num-blocks, not both")
+    file_values = dict(file_values)
+    for flag, other in (("kv_memory", "num_blocks"), ("num_blocks", "kv_memory")):
+        if f"engine.{flag}" in flag_values:
+            file_values.pop(f"engine.{other}", None)
+    values = {name: s.default for name, s in SETTINGS.items()}
+    values.update(file_values)
+    values.update(flag_values)
+    if values["engine.kv_memory"] is None and values["engine.num_blocks"] is None:
+        values["engine.kv_memory"] = DEFAULT_KV_MEMORY
+    return values
+
+
+def config_path(path: str | Path | None, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """``--config``'s file, else ``$RADIXLANG_CONFIG``'s, else None."""
+    if path is not None:
+        return Path(path)
+    from_env = environ.get(CONFIG_ENV, "").strip()
+    if from_env:
+        if not Path(from_env).is_file():
+            raise ConfigError(f"${CONFIG_ENV} names {from_env!r}, which is not a file")
+        return Path(from_env)
+    return None
+
+
+def load_config(
+    path: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Config:
+    """The effective configuration: ``flags`` (by ``section.key``, only those given) over the
+    file at ``path`` (or ``$RADIXLANG_CONFIG``'s) over the defaults."""
+    flag_values = dict(flags or {})
+    for name in flag_values:
+        if name not in SETTINGS:
+            raise ConfigError(f"unknown setting {name!r}{_did_you_mean(name, list(SETTINGS))}")
+    source = config_path(path, environ)
+    file_values = read_config_file(source) if source is not None else {}
+    values = resolve(file_values, flag_values)
+    return Config(values, frozenset(file_values) | frozenset(flag_values), source)
+
+
+# ---- flags ---------------------------------------------------------------------------------
+def _flag_type(setting: Setting) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return setting.kind.parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {setting.kind.description}, got {text!r}"
+            ) from None
+
+    parse.__name__ = setting.key  # argparse names the type in some messages
+    return parse
+
+
+def _dest(setting: Setting) -> str:
+    return f"{setting.section}__{setting.key}"
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"a TOML file with [engine] and [server] tables (default: ${CONFIG_ENV})",
+    )
+
+
+def add_setting_arguments(
+    parser: argparse.ArgumentParser, settings: Sequence[Setting], title: str
+) -> None:
+    """One flag per setting; each defaults to None, so an absent flag leaves the file's value."""
+    group = parser.add_argument_group(title)
+    for s in settings:
+        default = "" if s.default is None else f" (default: {s.default})"
+        metavar = s.metavar or s.kind.metavar or s.key.upper()
+        if s.kind.choices:
+            metavar = "{" + ",".join(s.kind.choices) + "}"
+        kwargs: dict[str, Any] = {"dest": _dest(s), "default": None, "type": _flag_type(s)}
+        if s.kind is ORIGINS:
+            kwargs["nargs"] = "+"
+            metavar = "ORIGIN"
+        group.add_argument(s.flag, metavar=metavar, help=s.help + default, **kwargs)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, exclude: Sequence[str] = ()) -> None:
+    """The engine's flags, less the keys in ``exclude`` (a command that has its own)."""
+    settings = [s for s in ENGINE_SETTINGS if s.key not in exclude]
+    add_setting_arguments(parser, settings, "engine (flags override the config file)")
+
+
+def add_server_arguments(
+    parser: argparse.ArgumentParser, settings: Sequence[Setting] = SERVER_SETTINGS
+) -> None:
+    add_setting_arguments(parser, settings, "server (flags override the config file)")
+
+
+def flags_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings whose flags were given, by ``section.key``."""
+    given = {}
+    for s in SETTINGS.values():
+        value = getattr(args, _dest(s), None)
+        if value is not None:
+            given[s.name] = tuple(value) if s.kind is ORIGINS else value
+    return given
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Config:
+    """The configuration of a command parsed with the flags added above."""
+    return load_config(getattr(args, "config", None), flags_given(args), environ)
