@@ -65,6 +65,7 @@ sys.exit(3)
 """,
     )
     before_argv, threads = list(sys.argv), engine_threads()
+    before_backend = sgl.get_default_backend()  # an earlier test may have left one set
     code = main(["run", str(path), *tiny(chat_model_dir), "--", "Capital of France?", "2+2?"])
     out, err = capsys.readouterr()
     assert code == 3  # the program's own exit code
@@ -75,7 +76,7 @@ sys.exit(3)
     assert reused > 0 and computed > 0  # the second question reused the shared system prompt
     assert "requests      2 finished" in err
     # Everything is put back: argv, the default backend, and no engine left running.
-    assert sys.argv == before_argv and sgl.get_default_backend() is None
+    assert sys.argv == before_argv and sgl.get_default_backend() is before_backend
     assert engine_threads() == threads
 
 
