@@ -3,10 +3,12 @@
 The bottom layer: it imports torch and triton only, never the runtime, the language or the
 server (pyproject's import-linter contracts).
 
-The path follows the tensors' device. ``RADIXLANG_KERNELS=torch`` forces the torch path
-everywhere; ``RADIXLANG_KERNELS=triton`` forces Triton (on CPU tensors that needs
-``TRITON_INTERPRET=1`` set before Triton is imported, which is how CI tests the kernels).
-The Triton modules are imported only when first used.
+The path follows the tensors' device: Triton on GPUs; on CPUs the C++ kernel of ``native.py``
+(built with the machine's compiler on first use) where it builds, else the torch path.
+``RADIXLANG_KERNELS=torch`` forces the torch path everywhere, ``native`` the C++ kernel on CPU
+tensors, ``triton`` Triton (on CPU tensors that needs ``TRITON_INTERPRET=1`` set before Triton is
+imported, which is how CI tests the kernels). The Triton modules are imported only when first
+used.
 """
 
 from __future__ import annotations
@@ -16,27 +18,55 @@ from collections.abc import Sequence
 
 import torch
 
-from radixlang.kernels import reference
+from radixlang.kernels import native, reference
 from radixlang.kernels.layout import PagedKV, check_paged_kv
 
+MODES = ("auto", "torch", "native", "triton")
+# On CPUs an extend whose sequences compute at most this many tokens each runs on the native
+# kernel; longer ones on torch's flash attention, whose blocked matmuls win on long causal runs.
+NATIVE_EXTEND_MAX_TOKENS = 2048
+
+NativePlan = native.NativePlan
+AttentionPlan = reference.DecodePlan | native.NativePlan
+
 __all__ = [
+    "AttentionPlan",
+    "NativePlan",
     "PagedKV",
     "check_paged_kv",
     "decode_attention",
     "extend_attention",
     "plan_decode",
+    "plan_extend",
     "store_kv",
 ]
 
 
+def kernel_mode() -> str:
+    mode = os.environ.get("RADIXLANG_KERNELS", "auto")
+    if mode not in MODES:
+        raise ValueError(f"RADIXLANG_KERNELS must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
 def use_triton(tensor: torch.Tensor) -> bool:
     """Whether calls on ``tensor`` take the Triton path."""
-    mode = os.environ.get("RADIXLANG_KERNELS", "auto")
-    if mode not in ("auto", "torch", "triton"):
-        raise ValueError(f"RADIXLANG_KERNELS must be auto, torch or triton; got {mode!r}")
+    mode = kernel_mode()
     if mode == "auto":
         return tensor.is_cuda
     return mode == "triton"
+
+
+def use_native(q: torch.Tensor, cache: PagedKV) -> bool:
+    """Whether attention of ``q`` over ``cache`` takes the C++ CPU kernel."""
+    mode = kernel_mode()
+    if mode not in ("auto", "native") or q.device.type != "cpu":
+        return False
+    if mode == "native":
+        if not native.available():
+            raise RuntimeError("RADIXLANG_KERNELS=native but the native kernel did not build")
+        return native.supports(q, cache)
+    return native.available() and native.supports(q, cache)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache: PagedKV) -> None:
@@ -50,15 +80,34 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache
 
 
 def plan_decode(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: PagedKV
-) -> reference.DecodePlan | None:
-    """Per-batch work that every layer's ``decode_attention`` would repeat (torch path only).
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: PagedKV, q: torch.Tensor
+) -> AttentionPlan | None:
+    """Per-batch work that every layer's ``decode_attention`` would repeat (CPU paths only).
 
-    Build it once per forward pass and pass it to each layer's call as ``plan=``.
+    Build it once per forward pass (``q`` is any layer's queries, for the path's choice) and
+    pass it to each layer's call as ``plan=``.
     """
-    if use_triton(block_tables):
+    if use_triton(q):
         return None
+    if use_native(q, cache):
+        return native.plan_decode(block_tables, seq_lens)
     return reference.plan_decode(block_tables, seq_lens, cache)
+
+
+def plan_extend(
+    block_tables: torch.Tensor,
+    host_lens: tuple[Sequence[int], Sequence[int]],
+    cache: PagedKV,
+    q: torch.Tensor,
+) -> native.NativePlan | None:
+    """The native kernel's plan for an extend whose new K/V are stored, or None where another
+    path runs it (a GPU, the torch path, sequences longer than ``NATIVE_EXTEND_MAX_TOKENS``)."""
+    prefix_lens, extend_lens = host_lens
+    if not extend_lens or max(extend_lens) > NATIVE_EXTEND_MAX_TOKENS:
+        return None
+    if use_triton(q) or not use_native(q, cache):
+        return None
+    return native.plan_extend(block_tables, prefix_lens, extend_lens)
 
 
 def decode_attention(
@@ -67,13 +116,17 @@ def decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    plan: reference.DecodePlan | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence (``q`` ``[batch, heads, dim]``) over its cache."""
     if use_triton(q):
         from radixlang.kernels import triton_decode_attention
 
         return triton_decode_attention.decode_attention(q, cache, block_tables, seq_lens, scale)
+    if isinstance(plan, native.NativePlan):
+        return native.paged_attention(q, cache, plan, scale)
+    if plan is None and use_native(q, cache):
+        return native.paged_attention(q, cache, native.plan_decode(block_tables, seq_lens), scale)
     return reference.decode_attention(q, cache, block_tables, seq_lens, scale, plan)
 
 
@@ -87,12 +140,16 @@ def extend_attention(
     extend_lens: torch.Tensor,
     scale: float,
     host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
+    plan: native.NativePlan | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend to their cached prefix and causally to each other.
 
     ``host_lens`` (the prefix and extend lengths as Python ints) saves reading them back from
-    the device, a synchronisation per call on a GPU.
+    the device, a synchronisation per call on a GPU. ``plan`` (from ``plan_extend``, which
+    requires the new tokens' K/V already stored in ``cache``) runs it on the native kernel.
     """
+    if plan is not None:
+        return native.paged_attention(q, cache, plan, scale)
     args = (q, k_new, v_new, cache, block_tables, prefix_lens, extend_lens, scale)
     if use_triton(q):
         from radixlang.kernels import triton_extend_attention

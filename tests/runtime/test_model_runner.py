@@ -143,21 +143,30 @@ def test_linear_matches_f_linear(dtype, monkeypatch):
     onednn_linear_available.cache_clear()
 
 
-def test_decode_plan_is_built_once_per_forward_not_per_layer(runner, monkeypatch):
-    from radixlang.kernels import reference
+@pytest.mark.parametrize("mode", ["torch", "native"])
+def test_attention_plans_are_built_once_per_forward_not_per_layer(runner, monkeypatch, mode):
+    from radixlang.kernels import native, reference
 
+    monkeypatch.setenv("RADIXLANG_KERNELS", mode)
     calls = []
-    original = reference.plan_decode
+    for module, name in [
+        (reference, "plan_decode"),
+        (native, "plan_decode"),
+        (native, "plan_extend"),
+    ]:
+        original = getattr(module, name)
 
-    def counting(*args):
-        calls.append(args)
-        return original(*args)
+        def counting(*args, original=original, name=name):
+            calls.append(name)
+            return original(*args)
 
-    monkeypatch.setattr(reference, "plan_decode", counting)
+        monkeypatch.setattr(module, name, counting)
     runner.forward([SequenceInput([3, 4, 5], 0, [6])])
-    assert calls == []  # a prefill needs no decode plan
+    # A prefill needs no decode plan; the native path plans the extend once.
+    assert calls == (["plan_extend"] if mode == "native" else [])
+    calls.clear()
     runner.forward([SequenceInput([6], 3, [6]), SequenceInput([1], 0, [7])])
-    assert len(calls) == 1 and runner.model.arch.num_layers == 2
+    assert calls == ["plan_decode"] and runner.model.arch.num_layers == 2
 
 
 @pytest.mark.parametrize(("dtype", "kv_dtype"), [("float32", "bfloat16"), ("float16", None)])

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from radixlang import kernels
-from radixlang.kernels.reference import DecodePlan
 from radixlang.models import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
@@ -195,11 +194,7 @@ class LlamaForCausalLM:
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         eps = arch.rms_norm_eps
 
-        decode_plan = None
-        if n_ext_seqs < batch.num_seqs:
-            decode_plan = kernels.plan_decode(
-                batch.block_tables[n_ext_seqs:], batch.seq_lens[n_ext_seqs:], kv.layers[0]
-            )
+        plans: _AttentionPlans | None = None
         residual = F.embedding(batch.input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             normed = _rms_norm(residual, layer.input_norm, eps)
@@ -218,7 +213,9 @@ class LlamaForCausalLM:
                 k = apply_rotary(k, cos, sin)
             cache = kv.layers[i]
             kernels.store_kv(k, v, batch.slot_mapping, cache)
-            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, decode_plan)
+            if plans is None:  # once per forward: every layer's attention shares them
+                plans = _AttentionPlans.build(batch, cache, q)
+            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, plans)
             residual = residual + layer.o(attn.view(tokens, q_width))
             normed = _rms_norm(residual, layer.post_norm, eps)
             gate, up = layer.gate_up(normed).chunk(2, dim=-1)
@@ -235,10 +232,11 @@ class LlamaForCausalLM:
         v: torch.Tensor,
         n_ext: int,
         n_ext_seqs: int,
-        decode_plan: DecodePlan | None,
+        plans: _AttentionPlans,
     ) -> torch.Tensor:
         s = n_ext_seqs
         host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
+        decode_plan = plans.decode
         if n_ext_seqs == batch.num_seqs:
             return kernels.extend_attention(
                 q,
@@ -250,6 +248,7 @@ class LlamaForCausalLM:
                 batch.extend_lens,
                 self.scale,
                 host_lens,
+                plans.extend,
             )
         if n_ext_seqs == 0:
             return kernels.decode_attention(
@@ -266,11 +265,36 @@ class LlamaForCausalLM:
             batch.extend_lens[:s],
             self.scale,
             host_lens,
+            plans.extend,
         )
         out[n_ext:] = kernels.decode_attention(
             q[n_ext:], cache, batch.block_tables[s:], batch.seq_lens[s:], self.scale, decode_plan
         )
         return out
+
+
+@dataclass(frozen=True)
+class _AttentionPlans:
+    """The kernels' per-batch plans, made at the first layer and shared by all."""
+
+    decode: kernels.AttentionPlan | None
+    extend: kernels.NativePlan | None  # set where the native kernel runs the extends
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, cache: kernels.PagedKV, q: torch.Tensor) -> _AttentionPlans:
+        s = batch.num_extend_seqs
+        decode = extend = None
+        if s < batch.num_seqs:
+            decode = kernels.plan_decode(
+                batch.block_tables[s:], batch.seq_lens[s:], cache, q[batch.num_extend_tokens :]
+            )
+        if s > 0:
+            # The layer stores the new tokens' K/V before attention, as the native plan needs.
+            host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
+            extend = kernels.plan_extend(
+                batch.block_tables[:s], host_lens, cache, q[: batch.num_extend_tokens]
+            )
+        return cls(decode, extend)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

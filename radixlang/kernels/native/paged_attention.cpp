@@ -1,0 +1,398 @@
+// Paged attention on CPUs, reading K/V blocks where they lie in the pool (no gather).
+//
+// One entry point serves decode and extend: every query token names its sequence (a row of
+// the block tables) and how many of that sequence's cached tokens it sees (its position + 1;
+// the new tokens' own K/V are stored before attention runs). Decode is one query per sequence;
+// an extend is a run of consecutive queries of one sequence, causal by their lengths.
+//
+// Work is split into items of (tile of up to TILE queries of one sequence, KV head, token
+// range). A KV head's block is read once for every query head of its GQA group and every query
+// of the tile. Long single-query rows (decode at small batch) are split along their tokens so
+// that both cores get work; the partial results are merged with their softmax statistics.
+//
+// Built by radixlang/kernels/native_build.py with the machine's C++ compiler, loaded with
+// ctypes; OpenMP comes from the runtime torch already loaded (same soname), so this kernel and
+// torch share one thread pool.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+enum Dtype : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+constexpr int TILE = 8;        // queries of one sequence handled together
+constexpr int MAX_ROWS = 128;  // TILE * (query heads per KV head), bounded
+constexpr int MAX_DIM = 256;
+constexpr int CHUNK = 64;      // tokens scored before their softmax update
+
+inline float bf16_to_float(uint16_t x) {
+    uint32_t bits = static_cast<uint32_t>(x) << 16;
+    float out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
+}
+
+inline uint16_t float_to_bf16(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even, as torch does
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float load(const void* base, int64_t i, int dtype) {
+    switch (dtype) {
+        case BF16:
+            return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+        case F16:
+            return static_cast<float>(static_cast<const _Float16*>(base)[i]);
+        default:
+            return static_cast<const float*>(base)[i];
+    }
+}
+
+inline void store(void* base, int64_t i, int dtype, float x) {
+    switch (dtype) {
+        case BF16:
+            static_cast<uint16_t*>(base)[i] = float_to_bf16(x);
+            break;
+        case F16:
+            static_cast<_Float16*>(base)[i] = static_cast<_Float16>(x);
+            break;
+        default:
+            static_cast<float*>(base)[i] = x;
+    }
+}
+
+// A K or V vector of `dim` elements as floats: the pointer itself for float32, else converted
+// into `scratch`.
+template <int KV_DTYPE>
+inline const float* as_floats(const void* base, int64_t offset, int dim, float* scratch) {
+    if constexpr (KV_DTYPE == F32) {
+        return static_cast<const float*>(base) + offset;
+    } else if constexpr (KV_DTYPE == BF16) {
+        const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
+#pragma omp simd
+        for (int d = 0; d < dim; ++d) {
+            uint32_t bits = static_cast<uint32_t>(src[d]) << 16;
+            float value;
+            std::memcpy(&value, &bits, sizeof(value));
+            scratch[d] = value;
+        }
+        return scratch;
+    } else {
+        const _Float16* src = static_cast<const _Float16*>(base) + offset;
+#pragma omp simd
+        for (int d = 0; d < dim; ++d) scratch[d] = static_cast<float>(src[d]);
+        return scratch;
+    }
+}
+
+struct Problem {
+    const void* q;
+    int q_dtype;
+    const void* k_cache;
+    const void* v_cache;
+    const int32_t* block_tables;
+    int64_t table_stride;
+    const int32_t* q_seq;
+    const int32_t* q_len;
+    void* out;
+    int heads, kv_heads, dim, block_size;
+    float scale;
+};
+
+struct Item {
+    int first_query, num_queries;  // the tile
+    int kv_head;
+    int token_begin, token_end;  // the range of cached tokens this item reads
+    int split;                   // index of the partial result, -1 when the item is whole
+};
+
+// Softmax statistics and unnormalised output of one item's rows over its token range, in a
+// caller's buffer of `partial_floats(dim)` floats.
+struct Partial {
+    float* max;  // [MAX_ROWS]
+    float* sum;  // [MAX_ROWS]
+    float* acc;  // [MAX_ROWS * dim]
+};
+
+inline int64_t partial_floats(int dim) { return static_cast<int64_t>(MAX_ROWS) * (dim + 2); }
+
+inline Partial partial_at(float* buffer, int dim) {
+    return {buffer, buffer + MAX_ROWS, buffer + 2 * MAX_ROWS};
+}
+
+template <int KV_DTYPE, int DIM>
+void attend(const Problem& p, const Item& item, Partial& r) {
+    const int dim = DIM > 0 ? DIM : p.dim;
+    const int group = p.heads / p.kv_heads;
+    const int rows = item.num_queries * group;
+    float q[MAX_ROWS * MAX_DIM];
+    int limit[MAX_ROWS];  // tokens row i sees
+    for (int t = 0; t < item.num_queries; ++t) {
+        const int query = item.first_query + t;
+        for (int g = 0; g < group; ++g) {
+            const int row = t * group + g;
+            const int64_t base = (static_cast<int64_t>(query) * p.heads +
+                                  item.kv_head * group + g) * dim;
+            for (int d = 0; d < dim; ++d) q[row * dim + d] = load(p.q, base + d, p.q_dtype) * p.scale;
+            limit[row] = std::min(p.q_len[query], item.token_end);
+            r.max[row] = -FLT_MAX;
+            r.sum[row] = 0.0f;
+        }
+    }
+    std::fill(r.acc, r.acc + rows * dim, 0.0f);
+    const int32_t* table = p.block_tables + p.q_seq[item.first_query] * p.table_stride;
+    const int64_t token_stride = static_cast<int64_t>(p.kv_heads) * dim;
+    // The chunk's K and V rows as float pointers: into the pool for float32, else into
+    // buffers converted once per chunk (every row of the tile reads them).
+    thread_local std::vector<float> k_buffer, v_buffer;
+    if (KV_DTYPE != F32 && static_cast<int>(k_buffer.size()) < CHUNK * dim) {
+        k_buffer.resize(CHUNK * dim);
+        v_buffer.resize(CHUNK * dim);
+    }
+    const float* k_rows[CHUNK];
+    const float* v_rows[CHUNK];
+    float scores[MAX_ROWS][CHUNK];
+    const int bs = p.block_size;
+    for (int start = item.token_begin; start < item.token_end;) {
+        const int block = start / bs;
+        const int end = std::min({(block + 1) * bs, item.token_end, start + CHUNK});
+        const int n_tokens = end - start;
+        const int64_t slot0 = static_cast<int64_t>(table[block]) * bs;
+        for (int j = 0; j < n_tokens; ++j) {
+            const int64_t offset = (slot0 + (start + j) % bs) * token_stride + item.kv_head * dim;
+            k_rows[j] = as_floats<KV_DTYPE>(p.k_cache, offset, dim, k_buffer.data() + j * dim);
+            v_rows[j] = as_floats<KV_DTYPE>(p.v_cache, offset, dim, v_buffer.data() + j * dim);
+        }
+        // Scores, four tokens at a time: four independent sums keep the FMA units busy.
+        for (int row = 0; row < rows; ++row) {
+            const float* __restrict qr = q + row * dim;
+            int j = 0;
+            for (; j + 4 <= n_tokens; j += 4) {
+                const float* __restrict k0 = k_rows[j];
+                const float* __restrict k1 = k_rows[j + 1];
+                const float* __restrict k2 = k_rows[j + 2];
+                const float* __restrict k3 = k_rows[j + 3];
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+                for (int d = 0; d < dim; ++d) {
+                    const float x = qr[d];
+                    s0 += x * k0[d];
+                    s1 += x * k1[d];
+                    s2 += x * k2[d];
+                    s3 += x * k3[d];
+                }
+                scores[row][j] = s0;
+                scores[row][j + 1] = s1;
+                scores[row][j + 2] = s2;
+                scores[row][j + 3] = s3;
+            }
+            for (; j < n_tokens; ++j) {
+                const float* __restrict k = k_rows[j];
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int d = 0; d < dim; ++d) s += qr[d] * k[d];
+                scores[row][j] = s;
+            }
+        }
+        // Online softmax: rescale what is accumulated when a row's maximum grows; then add
+        // the chunk's weighted V rows, two at a time.
+        for (int row = 0; row < rows; ++row) {
+            float* __restrict w = scores[row];
+            const int n = std::min(end, limit[row]) - start;
+            if (n <= 0) continue;  // the row sees none of these tokens (a causal tile)
+            float* __restrict acc = r.acc + row * dim;
+            float chunk_max = r.max[row];
+            for (int j = 0; j < n; ++j) chunk_max = std::max(chunk_max, w[j]);
+            if (chunk_max > r.max[row]) {
+                const float factor = std::exp(r.max[row] - chunk_max);
+                r.sum[row] *= factor;
+#pragma omp simd
+                for (int d = 0; d < dim; ++d) acc[d] *= factor;
+                r.max[row] = chunk_max;
+            }
+            float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+            for (int j = 0; j < n; ++j) {
+                const float e = std::exp(w[j] - chunk_max);
+                w[j] = e;
+                total += e;
+            }
+            r.sum[row] += total;
+            int j = 0;
+            for (; j + 2 <= n; j += 2) {
+                const float* __restrict v0 = v_rows[j];
+                const float* __restrict v1 = v_rows[j + 1];
+                const float w0 = w[j], w1 = w[j + 1];
+#pragma omp simd
+                for (int d = 0; d < dim; ++d) acc[d] += w0 * v0[d] + w1 * v1[d];
+            }
+            if (j < n) {
+                const float* __restrict v0 = v_rows[j];
+                const float w0 = w[j];
+#pragma omp simd
+                for (int d = 0; d < dim; ++d) acc[d] += w0 * v0[d];
+            }
+        }
+        start = end;
+    }
+}
+
+void write_rows(const Problem& p, const Item& item, const float* sum, const float* acc) {
+    const int group = p.heads / p.kv_heads;
+    const int dim = p.dim;
+    for (int t = 0; t < item.num_queries; ++t) {
+        const int query = item.first_query + t;
+        for (int g = 0; g < group; ++g) {
+            const int row = t * group + g;
+            const float inv = sum[row] > 0.0f ? 1.0f / sum[row] : 0.0f;
+            const int64_t base =
+                (static_cast<int64_t>(query) * p.heads + item.kv_head * group + g) * dim;
+            for (int d = 0; d < dim; ++d) store(p.out, base + d, p.q_dtype, acc[row * dim + d] * inv);
+        }
+    }
+}
+
+template <int KV_DTYPE, int DIM>
+void run_items(const Problem& p, const std::vector<Item>& items, float* partials, int threads) {
+    const int64_t count = static_cast<int64_t>(items.size());
+    const int64_t stride = partial_floats(p.dim);
+#pragma omp parallel num_threads(threads)
+    {
+        // A whole item's result needs no keeping: one buffer per thread, kept between calls.
+        thread_local std::vector<float> scratch;
+        if (static_cast<int64_t>(scratch.size()) < stride) scratch.resize(stride);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < count; ++i) {
+            const Item& item = items[i];
+            float* buffer = item.split < 0 ? scratch.data() : partials + item.split * stride;
+            Partial r = partial_at(buffer, p.dim);
+            attend<KV_DTYPE, DIM>(p, item, r);
+            if (item.split < 0) write_rows(p, item, r.sum, r.acc);
+        }
+    }
+}
+
+template <int KV_DTYPE>
+void dispatch_dim(const Problem& p, const std::vector<Item>& items, float* partials, int threads) {
+    switch (p.dim) {
+        case 64:
+            return run_items<KV_DTYPE, 64>(p, items, partials, threads);
+        case 128:
+            return run_items<KV_DTYPE, 128>(p, items, partials, threads);
+        default:
+            return run_items<KV_DTYPE, 0>(p, items, partials, threads);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Limits the Python side checks before calling.
+int radixlang_max_rows() { return MAX_ROWS; }
+int radixlang_max_dim() { return MAX_DIM; }
+int radixlang_tile() { return TILE; }
+
+// q and out: [num_queries, heads, dim] contiguous (q_dtype); k_cache, v_cache:
+// [num_blocks, block_size, kv_heads, dim] contiguous (kv_dtype); block_tables: int32 rows of
+// `table_stride`; q_seq[i]: query i's row in the block tables; q_len[i]: how many cached tokens
+// query i sees. Consecutive queries of one sequence are tiled together. `split_tokens` > 0
+// splits single-query tiles whose length exceeds it (when the tiles alone would leave threads
+// idle). Returns 0, or -1 on arguments outside the limits.
+int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
+                              const void* v_cache, int kv_dtype, const int32_t* block_tables,
+                              int64_t table_stride, const int32_t* q_seq, const int32_t* q_len,
+                              int num_queries, void* out, int heads, int kv_heads, int dim,
+                              int block_size, float scale, int threads, int split_tokens) {
+    if (heads % kv_heads != 0 || dim > MAX_DIM || dim <= 0 || block_size <= 0) return -1;
+    const int group = heads / kv_heads;
+    const int tile = std::max(1, std::min(TILE, MAX_ROWS / group));
+    if (group > MAX_ROWS) return -1;
+    Problem p{q,      q_dtype, k_cache,  v_cache, block_tables, table_stride, q_seq,
+              q_len,  out,     heads,    kv_heads, dim,         block_size,   scale};
+
+    // Tiles: runs of consecutive queries of one sequence.
+    std::vector<Item> items;
+    std::vector<std::pair<int, int>> tiles;
+    for (int i = 0; i < num_queries;) {
+        int j = i + 1;
+        while (j < num_queries && j - i < tile && q_seq[j] == q_seq[i]) ++j;
+        tiles.emplace_back(i, j - i);
+        i = j;
+    }
+    const bool split = split_tokens > 0 &&
+                       static_cast<int64_t>(tiles.size()) * kv_heads < 4LL * threads;
+    struct Merge {
+        int first_query, num_queries, kv_head, first_split, num_splits;
+    };
+    std::vector<Merge> merges;
+    int num_partials = 0;
+    for (const auto& [first, n] : tiles) {
+        int length = 0;
+        for (int t = first; t < first + n; ++t) length = std::max(length, q_len[t]);
+        int parts = 1;
+        if (split && n == 1 && length > split_tokens) parts = (length + split_tokens - 1) / split_tokens;
+        for (int h = 0; h < kv_heads; ++h) {
+            if (parts == 1) {
+                items.push_back({first, n, h, 0, length, -1});
+                continue;
+            }
+            // Ranges of whole blocks, so that each item starts on a block boundary.
+            const int blocks = (length + block_size - 1) / block_size;
+            const int per = (blocks + parts - 1) / parts;
+            int made = 0;
+            for (int b = 0; b < blocks; b += per) {
+                const int end = std::min(length, (b + per) * block_size);
+                items.push_back({first, n, h, b * block_size, end, num_partials + made});
+                ++made;
+            }
+            merges.push_back({first, n, h, num_partials, made});
+            num_partials += made;
+        }
+    }
+    std::vector<float> partial_buffer(num_partials * partial_floats(dim));
+    float* partials = partial_buffer.data();
+    switch (kv_dtype) {
+        case BF16:
+            dispatch_dim<BF16>(p, items, partials, threads);
+            break;
+        case F16:
+            dispatch_dim<F16>(p, items, partials, threads);
+            break;
+        default:
+            dispatch_dim<F32>(p, items, partials, threads);
+    }
+    // Merge the split items: rescale each part to the common maximum and add.
+    for (const Merge& m : merges) {
+        const int rows = m.num_queries * group;
+        Partial first = partial_at(partials + m.first_split * partial_floats(dim), dim);
+        for (int s = 1; s < m.num_splits; ++s) {
+            Partial part = partial_at(partials + (m.first_split + s) * partial_floats(dim), dim);
+            for (int row = 0; row < rows; ++row) {
+                const float top = std::max(first.max[row], part.max[row]);
+                const float a = std::exp(first.max[row] - top);
+                const float b = std::exp(part.max[row] - top);
+                first.sum[row] = first.sum[row] * a + part.sum[row] * b;
+                float* acc = first.acc + row * dim;
+                const float* other = part.acc + row * dim;
+                for (int d = 0; d < dim; ++d) acc[d] = acc[d] * a + other[d] * b;
+                first.max[row] = top;
+            }
+        }
+        Item whole{m.first_query, m.num_queries, m.kv_head, 0, 0, -1};
+        write_rows(p, whole, first.sum, first.acc);
+    }
+    return 0;
+}
+
+}  // extern "C"

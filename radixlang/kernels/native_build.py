@@ -1,0 +1,124 @@
+"""Compile the package's C++ CPU kernels with the machine's compiler, once, and cache the result.
+
+The library is built for this CPU (``-march=native``) and kept under
+``$RADIXLANG_CACHE/native`` (default ``~/.cache/radixlang/native``), named by a hash of the
+source, the flags, the compiler's version and the CPU's model and flags, so that a changed
+source, compiler or machine builds afresh. Builds take a few seconds (no torch headers: the
+kernels take raw pointers through ctypes). A build writes to a temporary name and renames, under
+a file lock, so concurrent processes never load a half-written library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).parent / "native"
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-std=c++17",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    # Vectorised exp and reductions; infinities and NaNs keep their meaning.
+    "-ffast-math",
+    "-fno-finite-math-only",
+)
+
+
+class NativeBuildError(RuntimeError):
+    """The C++ kernels could not be compiled or loaded here."""
+
+
+def cache_root() -> Path:
+    env = os.environ.get("RADIXLANG_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "radixlang"
+    return root / "native"
+
+
+def find_compiler() -> str:
+    """``$CXX``, else the first of g++, c++, clang++ on the PATH."""
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise NativeBuildError(f"no C++ compiler found (tried {', '.join(candidates)}; set CXX)")
+
+
+def _machine_fingerprint() -> str:
+    """The CPU's model and feature flags: ``-march=native`` code runs only where they match."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags")
+    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in wanted]
+    return "\n".join(sorted(set(lines)))
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeBuildError(f"{compiler} --version failed: {exc}") from exc
+    return done.stdout
+
+
+def library_path(name: str, compiler: str) -> Path:
+    source = (SOURCE_DIR / f"{name}.cpp").read_bytes()
+    key = hashlib.sha256()
+    for part in (source, " ".join(FLAGS).encode(), _compiler_version(compiler).encode()):
+        key.update(part)
+    key.update(_machine_fingerprint().encode())
+    return cache_root() / f"{name}-{key.hexdigest()[:16]}.so"
+
+
+def build(name: str) -> Path:
+    """The compiled library of ``native/<name>.cpp``, building it when not cached."""
+    compiler = find_compiler()
+    target = library_path(name, compiler)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another process built it while this one waited
+            return target
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+        os.close(fd)
+        command = [compiler, *FLAGS, str(SOURCE_DIR / f"{name}.cpp"), "-o", tmp]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise NativeBuildError(
+                    f"compiling {name}.cpp failed ({' '.join(command)}):\n{done.stderr[-4000:]}"
+                )
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return target
+
+
+def load(name: str) -> ctypes.CDLL:
+    """Build (if needed) and load ``native/<name>.cpp``.
+
+    Load it after torch: its OpenMP dependency then resolves to the runtime torch loaded, and the
+    two share one thread pool.
+    """
+    import torch  # noqa: F401  (the OpenMP runtime comes with it)
+
+    path = build(name)
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeBuildError(f"loading {path} failed: {exc}") from exc

@@ -1,0 +1,163 @@
+"""The C++ CPU kernel (kernels/native.py) against the naive dense float64 reference."""
+
+import warnings
+
+import pytest
+import torch
+from dense_attention import dense_attention, make_paged_case
+
+import radixlang.kernels as kernels
+from radixlang.kernels import native, native_build, reference
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler here")
+
+SHAPES = [  # (heads, kv_heads, head_dim, block_size)
+    (9, 3, 64, 16),  # the default model's heads
+    (8, 2, 16, 16),
+    (6, 6, 8, 5),
+    (4, 1, 32, 3),
+    (4, 2, 128, 1),
+    (2, 2, 24, 7),  # a head size the kernel has no specialisation for
+]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+def check_decode(case, q, lens, scale, out):
+    for row, n in enumerate(lens):
+        want = dense_attention(q[row : row + 1], case.k[row], case.v[row], [n - 1], scale)
+        tol = TOLERANCE[q.dtype]
+        torch.testing.assert_close(out[row : row + 1].double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_decode_matches_dense(heads, kv_heads, head_dim, block_size, dtype):
+    lens = [1, 5, block_size, block_size + 1, 40, 67]
+    case = make_paged_case(lens, kv_heads, head_dim, block_size, dtype=dtype, seed=heads)
+    q = torch.randn(len(lens), heads, head_dim).to(dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out = kernels.decode_attention(q, case.cache, case.block_tables, seq_lens, 0.3)
+    assert out.dtype == dtype and out.shape == q.shape
+    check_decode(case, q, lens, 0.3, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_rows_split_across_threads_merge_exactly(monkeypatch, dtype):
+    """Few long sequences are split into token ranges; the merged result is the whole one."""
+    lens = [300, 97]
+    case = make_paged_case(lens, 2, 16, 4, dtype=dtype, seed=5)
+    q = torch.randn(len(lens), 4, 16).to(dtype)
+    plan = native.plan_decode(case.block_tables, torch.tensor(lens))
+    monkeypatch.setattr(native, "SPLIT_TOKENS", 10**6)
+    whole = native.paged_attention(q, case.cache, plan, 0.25)
+    for split in (8, 33, 64):
+        monkeypatch.setattr(native, "SPLIT_TOKENS", split)
+        parts = native.paged_attention(q, case.cache, plan, 0.25)
+        torch.testing.assert_close(parts.float(), whole.float(), atol=TOLERANCE[dtype], rtol=0)
+        check_decode(case, q, lens, 0.25, parts)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extend_matches_dense(heads, kv_heads, head_dim, block_size, dtype):
+    # Tiles of 8 queries cut these runs at different places; a causal tile's first rows see
+    # fewer tokens than the chunk it reads.
+    prefix_lens = [0, 3, block_size, 7, 0, 50]
+    extend_lens = [4, 1, 9, 2 * block_size + 1, 1, 20]
+    totals = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    case = make_paged_case(totals, kv_heads, head_dim, block_size, dtype=dtype, seed=7)
+    q = torch.randn(sum(extend_lens), heads, head_dim).to(dtype)
+    plan = kernels.plan_extend(case.block_tables, (prefix_lens, extend_lens), case.cache, q)
+    assert plan is not None  # the case's K/V of every token, new ones included, are stored
+    out = kernels.extend_attention(
+        q, None, None, case.cache, case.block_tables, None, None, 0.2, plan=plan
+    )
+    start = 0
+    for row, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
+        positions = list(range(p, p + e))
+        want = dense_attention(q[start : start + e], case.k[row], case.v[row], positions, 0.2)
+        tol = TOLERANCE[dtype]
+        torch.testing.assert_close(out[start : start + e].double(), want, atol=tol, rtol=tol)
+        start += e
+
+
+def test_float32_queries_over_a_bfloat16_cache():
+    lens = [12, 40]
+    case = make_paged_case(lens, 2, 16, 16, dtype=torch.bfloat16)
+    q = torch.randn(len(lens), 4, 16)
+    out = kernels.decode_attention(q, case.cache, case.block_tables, torch.tensor(lens), 0.25)
+    assert out.dtype == torch.float32
+    for row, n in enumerate(lens):
+        want = dense_attention(q[row : row + 1], case.k[row], case.v[row], [n - 1], 0.25)
+        torch.testing.assert_close(out[row : row + 1].double(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_padding_blocks_past_a_row_are_never_read():
+    """Entries of a block table past the row's length may name any block, even garbage."""
+    lens = [5, 40]
+    case = make_paged_case(lens, 1, 8, 4)
+    q = torch.randn(2, 2, 8)
+    tables = case.block_tables.clone()
+    tables[0, 2:] = 10**6  # far outside the pool
+    out = kernels.decode_attention(q, case.cache, tables, torch.tensor(lens), 0.5)
+    check_decode(case, q, lens, 0.5, out)
+
+
+def test_dispatch_chooses_native_on_cpu_and_obeys_the_override(monkeypatch):
+    case = make_paged_case([4], 1, 8, 4)
+    q = torch.randn(1, 2, 8)
+    monkeypatch.delenv("RADIXLANG_KERNELS", raising=False)
+    assert kernels.use_native(q, case.cache)
+    assert isinstance(
+        kernels.plan_decode(case.block_tables, torch.tensor([4]), case.cache, q), native.NativePlan
+    )
+    monkeypatch.setenv("RADIXLANG_KERNELS", "torch")
+    assert not kernels.use_native(q, case.cache)
+    assert isinstance(
+        kernels.plan_decode(case.block_tables, torch.tensor([4]), case.cache, q),
+        reference.DecodePlan,
+    )
+    assert kernels.plan_extend(case.block_tables, ([0], [4]), case.cache, q) is None
+
+
+def test_long_extends_go_to_torch_flash_attention(monkeypatch):
+    case = make_paged_case([20], 1, 8, 4)
+    q = torch.randn(20, 2, 8)
+    monkeypatch.setattr(kernels, "NATIVE_EXTEND_MAX_TOKENS", 19)
+    assert kernels.plan_extend(case.block_tables, ([0], [20]), case.cache, q) is None
+    monkeypatch.setattr(kernels, "NATIVE_EXTEND_MAX_TOKENS", 20)
+    assert kernels.plan_extend(case.block_tables, ([0], [20]), case.cache, q) is not None
+
+
+def test_a_failed_build_warns_once_and_falls_back_to_torch(monkeypatch):
+    def no_compiler() -> str:
+        raise native_build.NativeBuildError("no C++ compiler found")
+
+    monkeypatch.setattr(native_build, "find_compiler", no_compiler)
+    native._library.cache_clear()
+    native.available.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+            assert native.available() is False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert native.available() is False  # cached: no second warning
+        case = make_paged_case([4], 1, 8, 4)
+        q = torch.randn(1, 2, 8)
+        assert not kernels.use_native(q, case.cache)
+        monkeypatch.setenv("RADIXLANG_KERNELS", "native")
+        with pytest.raises(RuntimeError, match="did not build"):
+            kernels.use_native(q, case.cache)
+    finally:
+        native._library.cache_clear()
+        native.available.cache_clear()
+
+
+def test_the_build_is_cached_by_source_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXLANG_CACHE", str(tmp_path))
+    first = native_build.build("paged_attention")
+    assert first.parent == tmp_path / "native" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert native_build.build("paged_attention") == first
+    assert first.stat().st_mtime_ns == stamp  # not rebuilt
+    assert not list(first.parent.glob("*.tmp"))
