@@ -15,6 +15,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from radixlang.kernels import native_linear
+
 PACKING_BATCH_HINT = 32
 
 
@@ -54,3 +56,48 @@ class Linear:
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+QUANTIZATIONS = ("none", "int8")
+
+
+class Int8Linear:
+    """``y = x @ weight.T + bias`` with int8 weights, one scale per output row (weight-only:
+    activations stay in float). On CPUs with the native kernel (kernels/native_linear.py) the
+    weights are packed for it; elsewhere torch's ``_weight_int8pack_mm`` computes the same.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+        q, self.scales = native_linear.quantize_rows(weight)
+        self.native = native_linear.available()
+        if self.native:
+            self.packed: native_linear.PackedInt8 | None = native_linear.pack(q, self.scales, bias)
+            self.q = None
+        else:
+            self.packed, self.q = None, q
+        self.num_bytes = q.numel() + self.scales.numel() * 4
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            y = native_linear.linear(x, self.packed)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x.float(), self.q, self.scales)
+            if self.bias is not None:
+                y = y + self.bias.float()
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def make_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str = "none"
+) -> Linear | Int8Linear:
+    """A linear layer holding ``weight`` as ``quantization`` says (``"none"``: as given)."""
+    if quantization == "none":
+        return Linear(weight, bias)
+    if quantization == "int8":
+        if weight.device.type != "cpu":
+            raise ValueError("int8 quantization runs on CPUs only")
+        return Int8Linear(weight, bias)
+    choices = ", ".join(QUANTIZATIONS)
+    raise ValueError(f"quantization must be one of {choices}; got {quantization!r}")

@@ -19,7 +19,7 @@ from radixlang import kernels
 from radixlang.models import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
-from radixlang.runtime.models.linear import Linear
+from radixlang.runtime.models.linear import Int8Linear, Linear, make_linear
 from radixlang.runtime.models.rope import apply_rotary, cos_sin, inverse_frequencies
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -88,13 +88,13 @@ class LlamaArch:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Linear  # hidden -> (heads + 2 * kv_heads) * head_dim
+    qkv: Linear | Int8Linear  # hidden -> (heads + 2 * kv_heads) * head_dim
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: Linear
+    o: Linear | Int8Linear
     post_norm: torch.Tensor
-    gate_up: Linear  # hidden -> 2 * intermediate
-    down: Linear
+    gate_up: Linear | Int8Linear  # hidden -> 2 * intermediate
+    down: Linear | Int8Linear
 
 
 class LlamaForCausalLM:
@@ -125,8 +125,13 @@ class LlamaForCausalLM:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         config: Any = None,
+        quantization: str = "none",
     ) -> LlamaForCausalLM:
-        """Load a Hugging Face folder (``config.json`` + ``*.safetensors``)."""
+        """Load a Hugging Face folder (``config.json`` + ``*.safetensors``).
+
+        ``quantization="int8"`` holds the layers' linear weights in int8 (``Int8Linear``); the
+        embeddings, norms and the output layer keep ``dtype``.
+        """
         path = Path(path)
         if config is None:
             from transformers import AutoConfig
@@ -142,6 +147,9 @@ class LlamaForCausalLM:
         def maybe(name: str) -> torch.Tensor | None:
             return load(name) if weights.has(name) else None
 
+        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear | Int8Linear:
+            return make_linear(weight, bias, quantization)
+
         layers = []
         for i in range(arch.num_layers):
             p = f"model.layers.{i}."
@@ -152,20 +160,20 @@ class LlamaForCausalLM:
             layers.append(
                 LayerWeights(
                     input_norm=load(p + "input_layernorm.weight"),
-                    qkv=Linear(
+                    qkv=linear(
                         torch.cat([load(attn + f"{n}_proj.weight") for n in "qkv"]),
                         None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
                     ),
                     q_norm=maybe(attn + "q_norm.weight") if arch.qk_norm else None,
                     k_norm=maybe(attn + "k_norm.weight") if arch.qk_norm else None,
-                    o=Linear(load(attn + "o_proj.weight"), maybe(attn + "o_proj.bias")),
+                    o=linear(load(attn + "o_proj.weight"), maybe(attn + "o_proj.bias")),
                     post_norm=load(p + "post_attention_layernorm.weight"),
-                    gate_up=Linear(
+                    gate_up=linear(
                         torch.cat(
                             [load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")]
                         )
                     ),
-                    down=Linear(load(p + "mlp.down_proj.weight")),
+                    down=linear(load(p + "mlp.down_proj.weight")),
                 )
             )
         embed = load("model.embed_tokens.weight")
@@ -180,7 +188,8 @@ class LlamaForCausalLM:
         for layer in self.layers:
             parts += [t for t in vars(layer).values() if t is not None]
         return sum(
-            p.num_bytes if isinstance(p, Linear) else p.numel() * p.element_size() for p in parts
+            p.num_bytes if isinstance(p, Linear | Int8Linear) else p.numel() * p.element_size()
+            for p in parts
         )
 
     @torch.inference_mode()
