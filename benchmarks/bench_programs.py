@@ -1,7 +1,10 @@
-"""LLM programs on radixlang against the same programs on plain transformers, in one process.
+"""LLM programs on radixlang against the same programs on plain transformers and on llama.cpp.
 
 One command:  .venv/bin/python benchmarks/bench_programs.py [--scale small|full]
 Writes benchmarks/results/bench_programs.json and .png (speedup per workload).
+The llama.cpp baseline needs a one-time build outside the repository (never part of CI):
+``bash benchmarks/setup_llama_cpp.sh`` (about 17 minutes on 2 cores); without it the run skips
+that baseline and says so (``--llama-cpp auto``, the default; ``on`` makes it an error).
 
 Five workloads, each a program written with the SGLang frontend API (``import radixlang as
 sgl``) and the same program written against plain transformers, making the same model calls
@@ -24,7 +27,21 @@ issue at the same time, i.e. the batch items, one fork level, one turn across co
 together into one left-padded ``generate``, up to ``--max-batch`` rows). radixlang's time is
 compared with the faster of the two. Where a workload samples or runs to its length limit, EOS
 is ignored on both sides (``ignore_eos`` / ``min_new_tokens``) so both generate the same number
-of tokens; the generated-token totals of every side are in the JSON.
+of tokens; the generated-token totals of every side are in the JSON. ``--dtype auto`` (the
+default) is radixlang's own default dtype (``choose_dtype``): float32 on a CPU without native
+bfloat16, bfloat16 on most GPUs; both sides run it and the JSON records it.
+
+llama.cpp runs the same baseline programs (the same prompts, as token ids from the same
+tokenizer, and the same generation parameters) on llama-server (``benchmarks/llama_cpp.py``),
+once per GGUF file of ``--llama-gguf``: ``q4_1`` is the file the default model ships as, ``f32``
+the same weights unquantized (what radixlang and transformers compute with on this CPU). The
+server has 8 slots, continuous batching and its prompt cache on; the calls a program could issue
+together go out concurrently; each workload gets a freshly started server (a cold cache). Its
+responses count the prompt tokens it computed and the ones its prompt cache held. llama-server
+scores no prompt tokens, so ``select`` forces each choice's tokens through generation with a
+token grammar and reads their log-probabilities from the raw logits (one decode step a token).
+The named GGUF files are of the default model only (another ``--model`` takes ``--llama-gguf
+PATH.gguf``). ``speedup_vs_llama_cpp_<gguf>`` is llama.cpp's time over radixlang's.
 
 Every radixlang workload starts on a flushed cache. Its engine statistics say how many prompt
 tokens were computed and how many reused (radixlang's own counts include the requests that
@@ -34,9 +51,9 @@ sequential baseline sent, the same set up to sampling); ``prompt_trie_tokens_not
 leaves out those that an earlier call generated, whose KV a cache of whole sequences already
 holds: the optimum that ``radixlang_computed_over_optimum`` compares against.
 
-transformers runs first, each program on a short-lived thread, then radixlang: so that only one
-thread owns an OpenMP team at a time (see ``in_thread``). Ratios are what to read: the machines
-are shared and noisy.
+transformers runs first, each program on a short-lived thread, then llama.cpp (its server the
+only busy process), then radixlang: never two at once, and only one thread owns an OpenMP team
+at a time (see ``in_thread``). Ratios are what to read: the machines are shared and noisy.
 """
 
 from __future__ import annotations
@@ -59,8 +76,10 @@ import torch
 from tqdm import tqdm
 
 from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.runtime.dtype_choice import choose_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llama_cpp
 from bench_engine import in_thread
 
 WORKLOADS = ("few_shot", "self_consistency", "tree_of_thought", "multi_turn", "select")
@@ -785,6 +804,79 @@ def run_baselines(
     return results
 
 
+@dataclass
+class LlamaCppPlan:
+    """What the llama.cpp baseline runs (the server, the GGUF files by label), or why not."""
+
+    server: Path | None = None
+    ggufs: dict[str, Path] | None = None
+    skipped: str | None = None
+
+
+def plan_llama_cpp(args: argparse.Namespace) -> LlamaCppPlan:
+    """Finds llama-server and the GGUF files for ``--llama-cpp auto|on|off``: ``auto`` skips the
+    baseline with a message when something is missing, ``on`` stops the run (SystemExit)."""
+    if args.llama_cpp == "off":
+        return LlamaCppPlan(skipped="--llama-cpp off")
+    named = [g for g in args.llama_gguf if g in llama_cpp.GGUF_FILES]
+    try:
+        if named and args.model != DEFAULT_MODEL:
+            raise llama_cpp.LlamaCppMissing(
+                f"the GGUF files {', '.join(named)} are of the default model {DEFAULT_MODEL}, "
+                f"not {args.model}: give --llama-gguf PATH.gguf of that model"
+            )
+        server = llama_cpp.find_server(args.llama_server)
+        ggufs = {llama_cpp.gguf_label(g): llama_cpp.find_gguf(g) for g in args.llama_gguf}
+    except llama_cpp.LlamaCppMissing as e:
+        if args.llama_cpp == "on":
+            raise SystemExit(f"--llama-cpp on: {e}") from e
+        log(f"llama.cpp baseline skipped: {e}")
+        return LlamaCppPlan(skipped=str(e))
+    return LlamaCppPlan(server=server, ggufs=ggufs)
+
+
+def run_llama_cpp(
+    workloads: list[Workload], tokenizer: Any, plan: LlamaCppPlan
+) -> dict[str, dict[str, Any]]:
+    """Every workload's baseline program on llama-server, once per GGUF file; a fresh server
+    (cold prompt cache, warmed up by a 2-token call) per workload and file."""
+    assert plan.server is not None and plan.ggufs is not None
+    results: dict[str, dict[str, Any]] = {w.name: {} for w in workloads}
+    for label, gguf in plan.ggufs.items():
+        for w in progress(workloads, f"llama.cpp {label}"):
+            with llama_cpp.LlamaServer(plan.server, gguf) as server:
+                with llama_cpp.LlamaCpp(server.url, tokenizer) as warm:
+                    warm.generate(["Hello", "Hi there"], GenParams(2, stop="\n"))
+                with llama_cpp.LlamaCpp(server.url, tokenizer) as lm:
+                    start = time.perf_counter()
+                    out = w.baseline(lm, tokenizer)
+                    seconds = time.perf_counter() - start
+            counts = lm.counts()
+            held = counts["prompt_tokens_cached"]
+            total = held + counts["prompt_tokens_computed"]
+            entry = {
+                "seconds": seconds,
+                **counts,
+                "prompt_cache_hit_rate": held / total if total else 0.0,
+                "loadavg_1min": os.getloadavg()[0],
+                "gguf": str(gguf),
+                "result": out,
+            }
+            if w.name == "select":
+                entry["method"] = (
+                    "each choice's tokens forced through generation by a token-id grammar, "
+                    "log-probabilities from the raw logits (n_probs, post_sampling_probs off); "
+                    "generated_tokens are those forced choice tokens"
+                )
+            results[w.name][label] = entry
+            log(
+                f"  {w.name:17s} llama.cpp {label:14s} {seconds:7.2f} s  "
+                f"{counts['prompt_tokens_computed']} prompt tokens computed, {held} cached, "
+                f"{counts['generated_tokens']} generated",
+            )
+    return results
+
+
 def run_radixlang(workloads: list[Workload], args: argparse.Namespace) -> dict[str, Any]:
     import radixlang as sgl
 
@@ -832,7 +924,13 @@ def run_radixlang(workloads: list[Workload], args: argparse.Namespace) -> dict[s
     return results
 
 
-def summarize(name: str, base: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    name: str,
+    base: dict[str, Any],
+    ours: dict[str, Any],
+    llama: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The ratios of one workload; ``llama`` maps a GGUF label to llama.cpp's entry."""
     seq, bat = base["sequential"], base["batched"]
     best = "batched" if bat["seconds"] <= seq["seconds"] else "sequential"
     summary: dict[str, Any] = {
@@ -854,6 +952,12 @@ def summarize(name: str, base: dict[str, Any], ours: dict[str, Any]) -> dict[str
         "prompt_trie_tokens_not_generated": seq["prompt_trie_tokens_not_generated"],
         "radixlang_prompt_tokens_computed": ours.get("prompt_tokens_computed"),
     }
+    for label, entry in (llama or {}).items():
+        summary[f"speedup_vs_llama_cpp_{label}"] = entry["seconds"] / ours["seconds"]
+        summary["generated_tokens"][f"llama_cpp_{label}"] = entry["generated_tokens"]
+        summary["prompt_tokens"][f"llama_cpp_{label}"] = entry["prompt_tokens"]
+        summary[f"llama_cpp_{label}_prompt_tokens_computed"] = entry["prompt_tokens_computed"]
+        summary[f"llama_cpp_{label}_prompt_tokens_cached"] = entry["prompt_tokens_cached"]
     computed = ours.get("prompt_tokens_computed")
     if computed is not None:
         optimum = seq["prompt_trie_tokens_not_generated"]
@@ -872,15 +976,19 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     names = list(result["workloads"])
     summaries = [result["workloads"][n]["summary"] for n in names]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names) + 2), 4.5))
-    width = 0.38
-    for j, (key, label) in enumerate(
-        [("speedup_vs_sequential", "vs sequential generate"), ("speedup_vs_batched", "vs batched")]
-    ):
-        xs = [i + (j - 0.5) * width for i in range(len(names))]
-        values = [s[key] for s in summaries]
+    series = [
+        ("speedup_vs_sequential", "vs sequential generate"),
+        ("speedup_vs_batched", "vs batched"),
+    ]
+    for label in result.get("llama_cpp", {}).get("ggufs", {}):
+        series.append((f"speedup_vs_llama_cpp_{label}", f"vs llama.cpp {label}"))
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(series) * len(names) + 2), 4.5))
+    width = 0.8 / len(series)
+    for j, (key, label) in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
+        values = [s.get(key, float("nan")) for s in summaries]
         bars = ax.bar(xs, values, width, label=f"radixlang {label}")
-        ax.bar_label(bars, fmt="%.1fx", fontsize=8)
+        ax.bar_label(bars, fmt="%.1fx", fontsize=7 if len(series) > 2 else 8)
     for i, s in enumerate(summaries):
         if "target_speedup_vs_best" in s:
             ax.hlines(s["target_speedup_vs_best"], i - 0.45, i + 0.45, colors="k", linestyles="--")
@@ -899,10 +1007,31 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def llama_cpp_info(plan: LlamaCppPlan) -> dict[str, Any]:
+    """The JSON's account of the llama.cpp baseline: the server, its version, the files."""
+    if plan.skipped is not None:
+        return {"skipped": plan.skipped}
+    assert plan.server is not None and plan.ggufs is not None
+    return {
+        "server": str(plan.server),
+        "server_version": llama_cpp.server_version(plan.server),
+        "llama_cpp_python_sdist": llama_cpp.pinned_version(),
+        "ggufs": {label: str(path) for label, path in plan.ggufs.items()},
+        "server_command": llama_cpp.server_command(plan.server, Path("GGUF"), "PORT")[1:],
+        "note": "a fresh server per workload and GGUF file (cold prompt cache); prompts sent "
+        "as the tokenizer's token ids; up to 8 concurrent /completion requests",
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: radixlang's default for the device (float32 on a CPU without native bf16)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--scale", default="full", choices=sorted(SCALES))
@@ -913,15 +1042,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "bench_programs.json"
     )
+    parser.add_argument(
+        "--llama-cpp",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="the llama.cpp baseline: auto runs it when llama-server and the GGUF files exist "
+        f"(else says how to build them: {llama_cpp.SETUP_COMMAND}), on requires it",
+    )
+    parser.add_argument(
+        "--llama-gguf",
+        nargs="+",
+        default=list(llama_cpp.GGUF_FILES),
+        metavar="GGUF",
+        help=f"GGUF files to run llama.cpp on: {' / '.join(llama_cpp.GGUF_FILES)} (the default "
+        "model's, built by the setup script) or paths to .gguf files",
+    )
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"the llama-server binary (default: ${llama_cpp.SERVER_ENV}, else the setup "
+        "script's build)",
+    )
     args = parser.parse_args(argv)
+    dtype_requested = args.dtype
+    dtype = choose_dtype(args.dtype, args.device)
+    args.dtype = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
     load_before = os.getloadavg()
+    plan = plan_llama_cpp(args)
     files = load_model_files(args.model)
     tokenizer = files.load_tokenizer()
     scale = SCALES[args.scale]
     workloads = [WORKLOAD_CLASSES[name](scale) for name in args.workloads]
     print(f"transformers ({args.dtype}, {args.device}):", flush=True)
     baselines = run_baselines(workloads, files, tokenizer, args)
+    llama: dict[str, dict[str, Any]] = {w.name: {} for w in workloads}
+    if plan.skipped is None:
+        print(f"llama.cpp ({', '.join(plan.ggufs or {})}, {plan.server}):", flush=True)
+        llama = run_llama_cpp(workloads, tokenizer, plan)
     print(f"radixlang ({args.dtype}, {args.device}):", flush=True)
     ours = run_radixlang(workloads, args)
 
@@ -941,30 +1101,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "scale": args.scale,
         "config": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "dtype_requested": dtype_requested,
             "scale_params": asdict(scale),
         },
+        "llama_cpp": llama_cpp_info(plan),
         "workloads": {},
     }
     for w in workloads:
-        summary = summarize(w.name, baselines[w.name], ours[w.name])
+        summary = summarize(w.name, baselines[w.name], ours[w.name], llama[w.name])
         result["workloads"][w.name] = {
             "description": w.description,
             "params": w.params(),
             "radixlang": ours[w.name],
             **baselines[w.name],
+            "llama_cpp": llama[w.name] if plan.skipped is None else {"skipped": plan.skipped},
             "summary": summary,
         }
         target = ""
         if "target_met" in summary:
             met = "met" if summary["target_met"] else "NOT met"
             target = f"  (target {summary['target_speedup_vs_best']:.0f}x: {met})"
+        vs_llama = "".join(
+            f", {summary[f'speedup_vs_llama_cpp_{label}']:6.2f}x vs llama.cpp {label}"
+            for label in llama[w.name]
+        )
         print(
             f"{w.name:17s} {summary['speedup_vs_sequential']:6.2f}x vs sequential, "
-            f"{summary['speedup_vs_batched']:6.2f}x vs batched{target}"
+            f"{summary['speedup_vs_batched']:6.2f}x vs batched{vs_llama}{target}"
         )
     result["engine_stats_after"] = ours["_final_stats"]
     result["summary"] = {
         name: entry["summary"]["speedup_vs_best"] for name, entry in result["workloads"].items()
+    }
+    result["summary_vs_llama_cpp"] = {
+        label: {
+            name: entry["summary"][f"speedup_vs_llama_cpp_{label}"]
+            for name, entry in result["workloads"].items()
+        }
+        for label in (plan.ggufs or {})
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str))
