@@ -31,6 +31,7 @@ SECTIONS = ("engine", "server")
 # beside model_runner's DTYPES); tests/test_config.py checks these lists against the runtime.
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8")  # the runtime's models/linear.py QUANTIZATIONS
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
 DEFAULT_KV_MEMORY = "1GiB"
@@ -166,6 +167,7 @@ class Setting:
     default: Any  # None: unset, the engine or server decides
     help: str
     metavar: str | None = None  # the flag's placeholder, where the kind's is not apt
+    aliases: tuple[str, ...] = ()  # other spellings of the flag
 
     @property
     def name(self) -> str:
@@ -197,7 +199,11 @@ ENGINE_SETTINGS = (
     Setting("engine", "max_context", POSITIVE_INT, None,
             "cap on a sequence's length in tokens (default: the model's context)"),
     Setting("engine", "threads", POSITIVE_INT, None,
-            "CPU threads for the forward pass (default: torch's)"),
+            "CPU threads for the forward pass, fixed (default: torch's count, lowered while "
+            "other processes keep cores busy and raised again after)", aliases=("--cpu-threads",)),
+    Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), None,
+            "weights: none (the dtype's; the default), int8 (weight-only, one scale per "
+            "output row; CPUs)"),
     Setting("engine", "seed", INTEGER, 0, "the engine's sampling seed"),
 )  # fmt: skip
 SERVER_SETTINGS = (
@@ -426,7 +432,7 @@ def add_setting_arguments(
         if s.kind is ORIGINS:
             kwargs["nargs"] = "+"
             metavar = "ORIGIN"
-        group.add_argument(s.flag, metavar=metavar, help=s.help + default, **kwargs)
+        group.add_argument(s.flag, *s.aliases, metavar=metavar, help=s.help + default, **kwargs)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, exclude: Sequence[str] = ()) -> None:

@@ -3,6 +3,7 @@ key or value named, and `radixlang config --print` writing a file that reads bac
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -14,9 +15,11 @@ from radixlang.cli import main
 from radixlang.config import (
     CONFIG_ENV,
     DTYPES,
+    QUANTIZATIONS,
     SCHEDULE_POLICIES,
     SETTINGS,
     ConfigError,
+    add_engine_arguments,
     check_values,
     load_config,
 )
@@ -144,10 +147,19 @@ def test_the_printed_toml_reads_back_to_the_same_configuration(tmp_path):
 
 def test_the_choices_agree_with_the_runtime():
     from radixlang.runtime.model_runner import DTYPES as RUNNER_DTYPES
+    from radixlang.runtime.models.linear import QUANTIZATIONS as RUNNER_QUANTIZATIONS
     from radixlang.runtime.scheduler import SchedulePolicy
 
     assert set(SCHEDULE_POLICIES) == {p.value for p in SchedulePolicy}
     assert set(DTYPES) == {"auto", *RUNNER_DTYPES}
+    assert QUANTIZATIONS == RUNNER_QUANTIZATIONS
+
+
+def test_cpu_threads_is_another_spelling_of_threads():
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert parser.parse_args(["--cpu-threads", "1"]).engine__threads == 1
+    assert parser.parse_args(["--quantization", "int8"]).engine__quantization == "int8"
 
 
 @pytest.mark.parametrize("size", ["512MiB", "2GiB", "1.5GB", "100", "64 kib", "0.5G", "x", "1 TB"])

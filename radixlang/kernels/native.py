@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,14 +44,7 @@ def available() -> bool:
 
     A failed build warns once, with the compiler's message, and the torch path takes over.
     """
-    if os.environ.get("RADIXLANG_NATIVE", "1") == "0":
-        return False
-    try:
-        _library()
-    except (native_build.NativeBuildError, OSError) as exc:
-        warnings.warn(f"native CPU attention unavailable, using torch: {exc}", stacklevel=2)
-        return False
-    return True
+    return native_build.usable(_library, "native CPU attention")
 
 
 def supports(q: torch.Tensor, cache: PagedKV) -> bool:

@@ -18,6 +18,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent / "native"
@@ -27,11 +29,13 @@ FLAGS = (
     "-std=c++17",
     "-fopenmp",
     "-fPIC",
-    "-shared",
-    # Vectorised exp and reductions; infinities and NaNs keep their meaning.
+    # Vectorised exp and reductions; infinities and NaNs keep their meaning. Compile-only: a
+    # link with -ffast-math would add crtfastmath.o, whose constructor flushes subnormals to
+    # zero in the whole process (torch and every library included) as soon as it loads.
     "-ffast-math",
     "-fno-finite-math-only",
 )
+LINK_FLAGS = ("-shared", "-fopenmp")
 
 
 class NativeBuildError(RuntimeError):
@@ -76,7 +80,8 @@ def _compiler_version(compiler: str) -> str:
 def library_path(name: str, compiler: str) -> Path:
     source = (SOURCE_DIR / f"{name}.cpp").read_bytes()
     key = hashlib.sha256()
-    for part in (source, " ".join(FLAGS).encode(), _compiler_version(compiler).encode()):
+    flags = " ".join((*FLAGS, *LINK_FLAGS)).encode()
+    for part in (source, flags, _compiler_version(compiler).encode()):
         key.update(part)
     key.update(_machine_fingerprint().encode())
     return cache_root() / f"{name}-{key.hexdigest()[:16]}.so"
@@ -95,17 +100,23 @@ def build(name: str) -> Path:
             return target
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
         os.close(fd)
-        command = [compiler, *FLAGS, str(SOURCE_DIR / f"{name}.cpp"), "-o", tmp]
+        obj = tmp + ".o"
+        steps = [
+            [compiler, *FLAGS, "-c", str(SOURCE_DIR / f"{name}.cpp"), "-o", obj],
+            [compiler, *LINK_FLAGS, obj, "-o", tmp],
+        ]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                raise NativeBuildError(
-                    f"compiling {name}.cpp failed ({' '.join(command)}):\n{done.stderr[-4000:]}"
-                )
+            for command in steps:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+                if done.returncode != 0:
+                    raise NativeBuildError(
+                        f"building {name}.cpp failed ({' '.join(command)}):\n{done.stderr[-4000:]}"
+                    )
             os.replace(tmp, target)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for path in (tmp, obj):
+                if os.path.exists(path):
+                    os.unlink(path)
     return target
 
 
@@ -122,3 +133,16 @@ def load(name: str) -> ctypes.CDLL:
         return ctypes.CDLL(str(path))
     except OSError as exc:
         raise NativeBuildError(f"loading {path} failed: {exc}") from exc
+
+
+def usable(load_library: Callable[[], object], what: str) -> bool:
+    """Whether ``load_library()`` builds and loads here; ``RADIXLANG_NATIVE=0`` says no without
+    trying. A failure warns, with the compiler's message, and the caller takes its torch path."""
+    if os.environ.get("RADIXLANG_NATIVE", "1") == "0":
+        return False
+    try:
+        load_library()
+    except (NativeBuildError, OSError) as exc:
+        warnings.warn(f"{what} unavailable, using torch: {exc}", stacklevel=3)
+        return False
+    return True

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -32,14 +30,7 @@ def _library() -> ctypes.CDLL:
 @functools.cache
 def available() -> bool:
     """Whether the int8 kernel builds and loads here (``RADIXLANG_NATIVE=0`` turns it off)."""
-    if os.environ.get("RADIXLANG_NATIVE", "1") == "0":
-        return False
-    try:
-        _library()
-    except (native_build.NativeBuildError, OSError) as exc:
-        warnings.warn(f"native int8 linear unavailable, using torch: {exc}", stacklevel=2)
-        return False
-    return True
+    return native_build.usable(_library, "native int8 linear")
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

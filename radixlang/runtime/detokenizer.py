@@ -34,6 +34,8 @@ That holds for byte-level BPE and SentencePiece decoders, not with
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +48,24 @@ _CONTEXT_TOKENS = 5
 # decoding it, grow with every token. (Should the last of those ids start a character that a
 # later id completes, that one character differs from decode(output): garbage either way.)
 _MAX_PENDING_TOKENS = 8
+
+
+# decode([id]) per tokenizer and way of decoding (skip_special_tokens, through the Rust
+# backend or not), shared by the tokenizer's detokenizers: after each token the window's
+# context is usually the one new id, whose text is then a lookup instead of a decode.
+_SINGLE_TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, dict[tuple[bool, bool], dict[int, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+_SINGLE_TOKEN_LOCK = threading.Lock()
+
+
+def _single_token_texts(tokenizer: Any, how: tuple[bool, bool]) -> dict[int, str]:
+    with _SINGLE_TOKEN_LOCK:
+        try:
+            per_way = _SINGLE_TOKEN_TEXTS.setdefault(tokenizer, {})
+        except TypeError:  # a tokenizer that takes no weak reference: a cache of its own
+            return {}
+        return per_way.setdefault(how, {})
 
 
 class IncrementalDetokenizer:
@@ -78,6 +98,9 @@ class IncrementalDetokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._backend_decode = backend.decode if backend is not None and plain else None
+        self._single = _single_token_texts(
+            tokenizer, (skip_special_tokens, self._backend_decode is not None)
+        )
         self._stops: tuple[str, ...] = tuple(dict.fromkeys(stop))
 
         context = [int(t) for t in prompt_ids[max(0, len(prompt_ids) - _CONTEXT_TOKENS) :]]
@@ -119,7 +142,12 @@ class IncrementalDetokenizer:
                 + ("(a stop string matched)" if self.stopped else "(flush() was called)")
             )
         self._window.append(int(token_id))
-        return self._emit(self._advance(final=False), check_stop, final=False)
+        piece = self._advance(final=False)
+        if not self._stops:  # nothing is ever held back (the tail stays empty): all goes out
+            if piece:
+                self._released.append(piece)
+            return piece
+        return self._emit(piece, check_stop, final=False)
 
     def flush(self, check_stop: bool = True) -> str:
         """The request finished for another reason (length, EOS, abort): return the rest.
@@ -140,17 +168,29 @@ class IncrementalDetokenizer:
             return self._backend_decode(ids, skip_special_tokens=self._skip_special_tokens)
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
 
+    def _decode_one(self, token: int) -> str:
+        """``decode([token])``, remembered per tokenizer (the usual next context: one id)."""
+        cache = self._single
+        text = cache.get(token)
+        if text is None:
+            text = cache[token] = self._decode([token])
+        return text
+
     def _advance(self, final: bool) -> str:
         """Decode the window; return the text that became final since the last call."""
-        full = self._decode(self._window)
+        window = self._window
+        full = self._decode(window)
         start = len(self._context_text) + self._moved
-        pending = len(self._window) - self._read
+        pending = len(window) - self._read
         if final or not full.endswith(_REPLACEMENT) or pending > _MAX_PENDING_TOKENS:
             piece = full[start:]
             # The new ids are out: they become the context of the next window.
-            del self._window[: self._read]
-            self._read = len(self._window)
-            self._context_text = self._decode(self._window)
+            del window[: self._read]
+            self._read = len(window)
+            if len(window) == 1:
+                self._context_text = self._decode_one(window[0])
+            else:
+                self._context_text = self._decode(window)
             self._moved = 0
             return piece
         # Only the trailing U+FFFD run may change when more bytes arrive.

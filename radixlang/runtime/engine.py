@@ -28,6 +28,7 @@ from radixlang.constrain import ConstraintError, compile_grammar, token_vocabula
 from radixlang.models import DEFAULT_MODEL, ModelFiles
 from radixlang.runtime.block_pool import BlockPool, blocks_for
 from radixlang.runtime.constraint import TokenConstraint
+from radixlang.runtime.cpu_threads import ThreadGovernor
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.dtype_choice import AUTO, choose_dtype
 from radixlang.runtime.grammar_masks import MaskFiller
@@ -99,6 +100,12 @@ class Engine:
     ``background=False``) before the model loads: OpenMP sizes its thread team per calling
     thread, so setting it on any other thread would not reach the engine's work. torch also
     keeps the value process-wide, as the count for threads that start using torch later.
+    ``adapt_threads`` (default: on CPUs when ``threads`` is not given) lowers the count between
+    steps while other processes keep cores busy and raises it again after
+    (``runtime/cpu_threads.py``): an op split over a core that a neighbour holds waits for it.
+
+    ``quantization="int8"`` holds the layers' linear weights in int8, one scale per output row
+    (weight-only; CPUs): a quarter of float32's bytes for the decode step to read.
 
     ``max_context`` caps the context window below the model's (prompt plus output tokens per
     request): longer prompts are refused and ``max_new_tokens`` is cut to fit, as at the
@@ -124,6 +131,8 @@ class Engine:
         overlap_masks: bool = True,
         *,
         threads: int | None = None,
+        adapt_threads: bool | None = None,
+        quantization: str = "none",
         max_context: int | None = None,
         model_path: str | Path | ModelFiles | None = None,
     ) -> None:
@@ -165,6 +174,10 @@ class Engine:
         def build() -> None:
             if self.threads is not None:
                 torch.set_num_threads(self.threads)  # on the thread that runs the forwards
+            adapt = adapt_threads
+            if adapt is None:
+                adapt = self.threads is None and torch.device(device).type == "cpu"
+            self._governor = ThreadGovernor() if adapt else None
             self.runner = ModelRunner(
                 model,
                 dtype=choose_dtype(dtype, device),
@@ -173,6 +186,7 @@ class Engine:
                 num_blocks=num_blocks,
                 kv_budget_bytes=parse_memory(kv_memory),
                 kv_dtype=kv_dtype,
+                quantization=quantization,
             )
             cap, model_context = self._max_context_cap, self.runner.max_context
             if cap is not None and cap > model_context:
@@ -421,6 +435,9 @@ class Engine:
         prompt tokens), ``busy_tokens_per_second`` (generated tokens / time spent in steps),
         and ``grammar_mask_steps`` with the p50/p99 ``grammar_mask_ms_*`` and
         ``grammar_mask_wait_ms_*`` (over the last 2048 steps with constrained rows).
+        ``cpu_threads`` is the forward passes' thread count now; with adaptive threads
+        ``cpu_thread_changes`` counts its changes and ``other_cores_busy`` is what other
+        processes used at the last look.
 
         Read on the engine thread (between steps) while it runs, so the figures are those of
         whole steps: a caller whose request just finished sees that step's tokens counted."""
@@ -468,6 +485,11 @@ class Engine:
         # Grammar masks: time to fill a step's masks, and how long the step waited for them
         # after its forward (less than the fill time when they were filled beside it).
         s.update(self._masks.percentiles_ms())
+        # CPU threads of the forward passes now, and how often the governor changed them.
+        s["cpu_threads"] = torch.get_num_threads()
+        if self._governor is not None:
+            s["cpu_thread_changes"] = self._governor.changes
+            s["other_cores_busy"] = round(self._governor.other_cores_busy, 2)
         return s
 
     def render_cache(self, max_nodes: int = 50) -> str:
@@ -509,6 +531,8 @@ class Engine:
     def step(self) -> bool:
         """Run one scheduling step and forward pass; False when there was nothing to do."""
         self._drain_inbox()
+        if self._governor is not None:
+            self._governor.update()
         started = time.perf_counter()
         schedule = self.scheduler.schedule()
         for req in schedule.finished:
@@ -539,14 +563,15 @@ class Engine:
         seqs = []
         for chunk in chunks:
             req = chunk.req
-            scored = req.wants_prompt_logprobs and chunk.start < req.prompt_len
+            start = chunk.start
+            scored = req.next_prompt_logprob >= 0 and start < len(req.prompt_ids)
             seqs.append(
                 SequenceInput(
-                    chunk.tokens,
-                    chunk.start,
+                    req.tokens[start : chunk.end],
+                    start,
                     req.blocks,
-                    return_logprobs=scored,
-                    top_logprobs=req.params.top_logprobs_num if scored else 0,
+                    scored,
+                    req.params.top_logprobs_num if scored else 0,
                 )
             )
         self._prefetch_masks(chunks)
@@ -559,34 +584,48 @@ class Engine:
 
     def _finish_run(self, chunks: list[Chunk], seqs: list[SequenceInput], out: Any) -> int:
         sampled: list[int] = []
+        commit = self.scheduler.commit
+        constrained = False
         for i, chunk in enumerate(chunks):
             req = chunk.req
-            self.scheduler.commit(chunk)
+            commit(chunk)
             if seqs[i].return_logprobs:
                 self._collect_prompt_logprobs(chunk, out.logits[i], out, i)
-            if chunk.end < len(req.tokens):
+            tokens = len(req.tokens)
+            if chunk.end < tokens:
                 continue  # a prefill chunk: more of the prompt to come
-            if req.num_output < req.max_new_tokens:
+            if tokens - len(req.prompt_ids) < req.max_new_tokens:
                 sampled.append(i)
+                constrained = constrained or req.constraint is not None
             else:  # prefill only: the prompt is cached now
                 self.scheduler.finish(req, FinishReason.LENGTH)
                 self._complete(req)
-        if any(chunks[i].req.constraint is not None for i in sampled):
+        if constrained:
             sampled, rows = self._constrained_rows(chunks, sampled, out.logits.shape[-1])
         else:  # no constraint in the batch: no per-row work beyond token healing's first mask
-            rows = [
-                self._sampling_row(chunks[i].req, _first_token_mask(chunks[i].req)) for i in sampled
-            ]
+            rows = []
+            for i in sampled:
+                req = chunks[i].req
+                row = req.sampling_row
+                if row is None or req.first_token_mask is not None:
+                    row = self._sampling_row(req, _first_token_mask(req))
+                rows.append(row)
         if not sampled:
             return 0
-        picks = sample(out.logits[sampled], rows, self._generator)
+        logits = out.logits
+        if sampled[-1] != len(sampled) - 1:  # rows left out: gather the sampled ones
+            logits = logits[sampled]
+        elif len(sampled) != logits.shape[0]:  # the first rows: a view, no copy
+            logits = logits[: len(sampled)]
+        picks = sample(logits, rows, self._generator)
         appended = len(sampled)
+        jump_forward = self.jump_forward
+        append = self._append_token
+        token_ids, logprobs, top_logprobs = picks.token_ids, picks.logprobs, picks.top_logprobs
         for row, i in enumerate(sampled):
             req = chunks[i].req
-            self._append_token(
-                req, picks.token_ids[row], picks.logprobs[row], picks.top_logprobs[row]
-            )
-            if self.jump_forward and req.constraint is not None and req.finish_reason is None:
+            append(req, token_ids[row], logprobs[row], top_logprobs[row])
+            if jump_forward and req.constraint is not None and req.finish_reason is None:
                 appended += self._jump_forward(req)
         return appended
 
@@ -617,10 +656,17 @@ class Engine:
     def _sampling_row(
         req: Req, mask: torch.Tensor | None = None, stop_ids: frozenset[int] | None = None
     ) -> SamplingRow:
+        if mask is None and (stop_ids is None or stop_ids is req.stop_ids):
+            row = req.sampling_row  # made once: its output is a live view of the tokens
+            if row is None:
+                row = req.sampling_row = SamplingRow(
+                    req.params, req.prompt_ids, req.output_view(), req.stop_ids, req.generator
+                )
+            return row
         return SamplingRow(
             params=req.params,
             prompt_ids=req.prompt_ids,
-            output_ids=req.output_ids,
+            output_ids=req.output_view(),
             stop_ids=req.stop_ids if stop_ids is None else stop_ids,
             generator=req.generator,
             allowed_mask=mask,
@@ -752,29 +798,35 @@ class Engine:
     def _append_token(
         self, req: Req, token: int, logprob: float | None, top: TopLogprobs | None
     ) -> None:
-        if req.constraint is not None and self._ends_before(req, token):
+        constraint = req.constraint
+        if constraint is not None and self._ends_before(req, token):
             return
-        req.tokens.append(token)
+        tokens = req.tokens
+        tokens.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
-        if req.params.return_logprob:
+        params = req.params
+        want_logprob = params.return_logprob
+        if want_logprob:
             req.output_logprobs.append(logprob)
             req.output_top_logprobs.append(top)
         constraint_done = constraint_failed = False
-        if req.constraint is not None:
+        if constraint is not None:
             try:
-                req.constraint.advance(token)
-                constraint_done = req.constraint.is_finished()
+                constraint.advance(token)
+                constraint_done = constraint.is_finished()
             except Exception as e:
                 req.error = f"constraint: {type(e).__name__}: {e}"
                 constraint_failed = True
-        detok = self._detokenizers.get(req.rid)
+        rid = req.rid
+        detok = self._detokenizers.get(rid)
         reason = None
+        num_output = len(tokens) - len(req.prompt_ids)
         if token in req.stop_ids and not constraint_failed:
             reason, req.matched_stop = FinishReason.STOP, token
             text = detok.flush() if detok else ""
         else:
-            check_stop = req.num_output >= req.params.min_new_tokens
+            check_stop = num_output >= params.min_new_tokens
             text = detok.push(token, check_stop=check_stop) if detok else ""
             if constraint_failed:
                 reason = FinishReason.ERROR
@@ -782,27 +834,28 @@ class Engine:
                     text += detok.flush(check_stop=False)
             elif detok is not None and detok.stopped:
                 reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
-            elif constraint_done or req.num_output >= req.max_new_tokens:
+            elif constraint_done or num_output >= req.max_new_tokens:
                 # A finished constraint ends the request as a stop with no matched stop.
                 reason = FinishReason.STOP if constraint_done else FinishReason.LENGTH
                 if detok is not None:
                     text += detok.flush(check_stop=check_stop)
                     if detok.stopped:  # the stop ended in text held back until now
                         reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
-        event = StreamEvent(
-            req.rid,
-            [token],
-            text,
-            [logprob] if req.params.return_logprob else [],
-            [top] if req.params.return_logprob else [],
-            finished=reason is not None,
-            finish_reason=reason,
-            prompt_tokens=req.prompt_len,
-            cached_tokens=req.cached_tokens,
-        )
-        handle = self._handles.get(req.rid)
+        handle = self._handles.get(rid)
         if handle is not None:
-            handle.push(event)
+            handle.push(
+                StreamEvent(
+                    rid,
+                    [token],
+                    text,
+                    [logprob] if want_logprob else [],
+                    [top] if want_logprob else [],
+                    reason is not None,
+                    reason,
+                    len(req.prompt_ids),
+                    req.cached_tokens,
+                )
+            )
         if reason is not None:
             self.scheduler.finish(req, reason)
             self._complete(req)

@@ -31,12 +31,14 @@ class RequestHandle:
         self._on_event = on_event
         self._events: list[StreamEvent] = []
         self._result: GenerationResult | None = None
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0  # threads inside a wait on _cond (read and changed under it)
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     # ---- engine side ---------------------------------------------------------------------
     def push(self, event: StreamEvent) -> None:
-        with self._cond:
+        with self._lock:  # _cond's lock, entered without Condition's Python-level wrapper
             self._events.append(event)
             self._wake()
         if self._on_event is not None:
@@ -46,12 +48,13 @@ class RequestHandle:
                 log.exception("on_event callback of request %s failed", self.request_id)
 
     def set_result(self, result: GenerationResult) -> None:
-        with self._cond:
+        with self._lock:
             self._result = result
             self._wake()
 
     def _wake(self) -> None:
-        self._cond.notify_all()
+        if self._waiting:  # notify_all costs a few microseconds even with nobody waiting
+            self._cond.notify_all()
         for loop, future in self._async_waiters:
             loop.call_soon_threadsafe(_resolve, future)
         self._async_waiters.clear()
@@ -60,6 +63,16 @@ class RequestHandle:
     def saw_finish(self) -> bool:
         """Whether a finished event has been pushed."""
         return bool(self._events) and self._events[-1].finished
+
+    def _wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """``Condition.wait_for`` (the caller holds ``_cond``), counted in ``_waiting``."""
+        if ready():
+            return True
+        self._waiting += 1
+        try:
+            return self._cond.wait_for(ready, timeout)
+        finally:
+            self._waiting -= 1
 
     # ---- caller side ---------------------------------------------------------------------
     @property
@@ -72,7 +85,7 @@ class RequestHandle:
     def result(self, timeout: float | None = None, raise_on_error: bool = True) -> GenerationResult:
         """Block until the request finishes; raises ``GenerationError`` if the engine failed it."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._result is not None, timeout):
+            if not self._wait_for(lambda: self._result is not None, timeout):
                 raise TimeoutError(f"request {self.request_id} not finished after {timeout} s")
         return self._checked(raise_on_error)
 
@@ -81,7 +94,7 @@ class RequestHandle:
         seen = 0
         while True:
             with self._cond:
-                self._cond.wait_for(
+                self._wait_for(
                     lambda seen=seen: len(self._events) > seen or self._result is not None
                 )
                 new = self._events[seen:]

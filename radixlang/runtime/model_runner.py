@@ -9,7 +9,8 @@ log-probabilities of its computed tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,13 +73,19 @@ class ModelRunner:
         num_blocks: int | None = None,
         kv_budget_bytes: int | None = None,
         kv_dtype: str | torch.dtype | None = None,
+        quantization: str = "none",
     ) -> None:
         self.files = model if isinstance(model, ModelFiles) else load_model_files(model)
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         self.model = LlamaForCausalLM.from_folder(
-            self.files.path, dtype=self.dtype, device=self.device, config=self.files.hf_config()
+            self.files.path,
+            dtype=self.dtype,
+            device=self.device,
+            config=self.files.hf_config(),
+            quantization=quantization,
         )
+        self.quantization = quantization
         cache_dtype = resolve_dtype(kv_dtype) if kv_dtype is not None else self.dtype
         if cache_dtype != self.dtype and kernels.use_triton(self.model.embed):
             raise ValueError(
@@ -120,6 +127,7 @@ class ModelRunner:
             "model": self.files.name,
             "model_type": arch.model_type,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": self.quantization,
             "device": str(self.device),
             "weights_bytes": self.model.num_parameter_bytes,
             "max_context": arch.max_context,
@@ -130,15 +138,28 @@ class ModelRunner:
         """Compute the sequences' tokens in one packed pass and store their K/V."""
         if not seqs:
             raise BatchError("a forward pass needs at least one sequence")
-        for seq in seqs:
-            self._check(seq)
         # Extends first, then decodes: attention runs each group with its own kernel.
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens) == 1)
-        ordered = [seqs[i] for i in order]
-        batch = self._build_batch(ordered)
+        decodes = [len(seq.tokens) == 1 for seq in seqs]
+        if all(decodes) or not any(decodes):
+            order: Sequence[int] = range(len(seqs))
+            ordered = seqs
+        else:
+            order = sorted(range(len(seqs)), key=decodes.__getitem__)
+            ordered = [seqs[i] for i in order]
         rows, spans = _logit_rows(ordered)
-        logits = self.model.forward(batch, self.kv, torch.tensor(rows, device=self.device))
+        built = self._build_batch(ordered, rows)
+        if built is None:  # a malformed sequence: raise its error, checking in the given order
+            for seq in seqs:
+                self._check(seq)
+            raise AssertionError("the batch failed its checks, but no sequence did")
+        batch, logit_rows = built
+        logits = self.model.forward(batch, self.kv, logit_rows)
 
+        logprobs: list[torch.Tensor | None] = [None] * len(seqs)
+        top: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(seqs)
+        scored = any(seq.return_logprobs for seq in seqs)
+        if isinstance(order, range) and not scored:
+            return ForwardOutput(logits, logprobs, top)  # a row per sequence, in order
         # Each sequence's last row, in the order given: one gather, none when rows line up.
         last_rows = [0] * len(seqs)
         for position, index in enumerate(order):
@@ -147,8 +168,6 @@ class ModelRunner:
             last = logits
         else:
             last = logits.index_select(0, torch.tensor(last_rows, device=logits.device))
-        logprobs: list[torch.Tensor | None] = [None] * len(seqs)
-        top: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(seqs)
         for position, (index, (start, end)) in enumerate(zip(order, spans, strict=True)):
             seq = ordered[position]
             if seq.return_logprobs:
@@ -184,37 +203,149 @@ class ModelRunner:
         if any(not 0 <= t < self.vocab_size for t in seq.tokens):
             raise BatchError(f"token ids must lie in [0, {self.vocab_size})")
 
-    def _build_batch(self, seqs: Sequence[SequenceInput]) -> ForwardBatch:
-        block_size = self.block_size
-        extend_lens = [len(s.tokens) for s in seqs]
-        prefix_lens = [s.prefix_len for s in seqs]
-        counts = [
-            blocks_for(p + n, block_size) for p, n in zip(prefix_lens, extend_lens, strict=True)
-        ]
-        tables = torch.zeros(len(seqs), max(counts), dtype=torch.int32)
-        for row, (seq, count) in enumerate(zip(seqs, counts, strict=True)):
-            tables[row, :count] = torch.tensor(list(seq.block_table[:count]), dtype=torch.int32)
-        ext = torch.tensor(extend_lens)
-        prefix = torch.tensor(prefix_lens)
-        owner = torch.repeat_interleave(torch.arange(len(seqs)), ext)
-        starts = torch.cumsum(ext, 0) - ext
-        positions = prefix[owner] + torch.arange(len(owner)) - starts[owner]
-        slots = tables[owner, positions // block_size].long() * block_size + positions % block_size
+    def _build_batch(
+        self, seqs: Sequence[SequenceInput], logit_rows: list[int]
+    ) -> tuple[ForwardBatch, torch.Tensor] | None:
+        """The packed batch and ``logit_rows`` as a tensor on the device; None when a sequence
+        fails the checks of :meth:`_check` (which then says which and why).
+
+        Built as Python lists (per block, not per token, for the slots) and turned into two
+        host tensors, one int64 and one int32, each moved to the device in one copy; the
+        batch's tensors are views of them, every one starting 64-byte aligned.
+        """
+        lists = self._decode_lists(seqs)  # the common step: one token per sequence
+        if lists is None:
+            lists = self._extend_lists(seqs)
+        prefix_lens, extend_lens, seq_lens, counts, input_ids, positions, slots = lists
+        if not counts:
+            return None  # a sequence failed its checks
+        width = max(counts)
+        tables: list[int] = []
+        for seq, count in zip(seqs, counts, strict=True):
+            tables += seq.block_table[:count]
+            if count < width:
+                tables += [0] * (width - count)
+        # Ids in range, checked over the whole batch at once. (The slots were read through
+        # the tables, so a bad block id may have made a bad slot: it is refused here.)
+        if min(tables) < 0 or max(tables) >= self.num_blocks:
+            return None
+        if min(input_ids) < 0 or max(input_ids) >= self.vocab_size:
+            return None
         num_extend_seqs = sum(1 for n in extend_lens if n > 1)
+        longs, long_at = _pack([input_ids, positions, slots, logit_rows], _host_longs)
+        ints, int_at = _pack([prefix_lens, extend_lens, seq_lens, tables], _host_ints)
         device = self.device
-        return ForwardBatch(
-            input_ids=torch.tensor([t for s in seqs for t in s.tokens], device=device),
-            positions=positions.to(device),
-            slot_mapping=slots.to(device),
-            block_tables=tables.to(device),
-            prefix_lens=prefix.to(torch.int32).to(device),
-            extend_lens=ext.to(torch.int32).to(device),
-            seq_lens=(prefix + ext).to(torch.int32).to(device),
+        longs, ints = longs.to(device), ints.to(device)
+        num_seqs, num_tokens = len(seqs), len(input_ids)
+        batch = ForwardBatch(
+            input_ids=longs[long_at[0] : long_at[0] + num_tokens],
+            positions=longs[long_at[1] : long_at[1] + num_tokens],
+            slot_mapping=longs[long_at[2] : long_at[2] + num_tokens],
+            block_tables=ints[int_at[3] : int_at[3] + num_seqs * width].view(num_seqs, width),
+            prefix_lens=ints[int_at[0] : int_at[0] + num_seqs],
+            extend_lens=ints[int_at[1] : int_at[1] + num_seqs],
+            seq_lens=ints[int_at[2] : int_at[2] + num_seqs],
             num_extend_seqs=num_extend_seqs,
             num_extend_tokens=sum(extend_lens[:num_extend_seqs]),
             host_prefix_lens=prefix_lens,
             host_extend_lens=extend_lens,
         )
+        return batch, longs[long_at[3] : long_at[3] + len(logit_rows)]
+
+    def _decode_lists(self, seqs: Sequence[SequenceInput]) -> _Lists | None:
+        """For a batch of one-token sequences without logprobs, the lists :meth:`_build_batch`
+        builds (see ``_Lists``), made a column at a time; ``_FAILED`` if a sequence fails the
+        checks. None for any other batch."""
+        if any(len(seq.tokens) != 1 or seq.top_logprobs for seq in seqs):
+            return None
+        block_size = self.block_size
+        prefix_lens = [seq.prefix_len for seq in seqs]
+        tables = [seq.block_table for seq in seqs]
+        seq_lens = [prefix + 1 for prefix in prefix_lens]
+        counts = [prefix // block_size + 1 for prefix in prefix_lens]
+        if min(prefix_lens) < 0 or max(seq_lens) > self.max_context:
+            return _FAILED
+        if any(len(table) < count for table, count in zip(tables, counts, strict=True)):
+            return _FAILED
+        slots = [
+            table[prefix // block_size] * block_size + prefix % block_size
+            for table, prefix in zip(tables, prefix_lens, strict=True)
+        ]
+        input_ids = [seq.tokens[0] for seq in seqs]
+        return prefix_lens, [1] * len(seqs), seq_lens, counts, input_ids, prefix_lens[:], slots
+
+    def _extend_lists(self, seqs: Sequence[SequenceInput]) -> _Lists:
+        """The lists :meth:`_build_batch` builds (see ``_Lists``), for any batch, a sequence at
+        a time (slots a block at a time); ``_FAILED`` if a sequence fails the checks."""
+        block_size, max_context = self.block_size, self.max_context
+        prefix_lens: list[int] = []
+        extend_lens: list[int] = []
+        seq_lens: list[int] = []
+        counts: list[int] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for seq in seqs:
+            tokens, prefix, table, k = seq.tokens, seq.prefix_len, seq.block_table, seq.top_logprobs
+            n = len(tokens)
+            total = prefix + n
+            count = -(-total // block_size)
+            if n == 0 or prefix < 0 or total > max_context or len(table) < count or k < 0:
+                return _FAILED
+            if k and not seq.return_logprobs:
+                return _FAILED
+            prefix_lens.append(prefix)
+            extend_lens.append(n)
+            seq_lens.append(total)
+            counts.append(count)
+            input_ids += tokens
+            if n == 1:
+                positions.append(prefix)
+                slots.append(table[prefix // block_size] * block_size + prefix % block_size)
+                continue
+            positions += range(prefix, total)
+            pos = prefix
+            while pos < total:  # one run of slots per block the tokens touch
+                index = pos // block_size
+                stop = min(total, (index + 1) * block_size)
+                base = (table[index] - index) * block_size
+                slots += range(base + pos, base + stop)
+                pos = stop
+        return prefix_lens, extend_lens, seq_lens, counts, input_ids, positions, slots
+
+
+# Per sequence: prefix, extend and sequence lengths, block counts; per token: input ids,
+# positions, slots.
+_Lists = tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int]]
+_FAILED: _Lists = ([], [], [], [], [], [], [])
+
+
+_ALIGN = 16  # elements: 64 bytes of int32, 128 of int64
+
+
+def _pack(
+    parts: list[list[int]], to_tensor: Callable[[list[int]], torch.Tensor]
+) -> tuple[torch.Tensor, list[int]]:
+    """The parts back to back in one host tensor, each padded to a multiple of ``_ALIGN``
+    elements; and where each starts."""
+    flat: list[int] = []
+    offsets = []
+    for part in parts:
+        offsets.append(len(flat))
+        flat += part
+        pad = -len(part) % _ALIGN
+        if pad:
+            flat += [0] * pad
+    return to_tensor(flat), offsets
+
+
+def _host_longs(values: list[int]) -> torch.Tensor:
+    # Through an array: about 3x faster than torch.tensor on a list of Python ints.
+    return torch.frombuffer(array.array("q", values), dtype=torch.long)
+
+
+def _host_ints(values: list[int]) -> torch.Tensor:
+    return torch.frombuffer(array.array("i", values), dtype=torch.int32)
 
 
 def _logit_rows(seqs: Sequence[SequenceInput]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -224,10 +355,11 @@ def _logit_rows(seqs: Sequence[SequenceInput]) -> tuple[list[int], list[tuple[in
     token_start = 0
     for seq in seqs:
         n = len(seq.tokens)
-        chosen = (
-            range(token_start, token_start + n) if seq.return_logprobs else [token_start + n - 1]
-        )
-        spans.append((len(rows), len(rows) + len(chosen)))
-        rows.extend(chosen)
+        if seq.return_logprobs:
+            spans.append((len(rows), len(rows) + n))
+            rows += range(token_start, token_start + n)
+        else:
+            spans.append((len(rows), len(rows) + 1))
+            rows.append(token_start + n - 1)
         token_start += n
     return rows, spans

@@ -8,15 +8,17 @@ KV blocks it holds, how much of it is computed, and the cache path it keeps lock
 from __future__ import annotations
 
 import enum
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.radix_cache import CacheHandle
-from radixlang.runtime.sampling import SamplingParams
+from radixlang.runtime.sampling import SamplingParams, SamplingRow
 
 # (token id, log-probability) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
@@ -94,6 +96,38 @@ class GenerationResult:
         }
 
 
+class TokenTail(Sequence[int]):
+    """A live, read-only view of ``tokens[start:]``: a request's output as it grows, for its
+    sampling row, without copying the output every step."""
+
+    __slots__ = ("_start", "_tokens")
+
+    def __init__(self, tokens: list[int], start: int) -> None:
+        self._tokens = tokens
+        self._start = start
+
+    def __len__(self) -> int:
+        return max(0, len(self._tokens) - self._start)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self._tokens[self._start :][index]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._tokens, self._start, None)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenTail | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"TokenTail({self._tokens[self._start :]!r})"
+
+
 class ReqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -136,6 +170,9 @@ class Req:
     finish_reason: FinishReason | None = None
     matched_stop: str | int | None = None
     error: str | None = None
+    # The row :func:`sample` takes for this request when nothing changes it for a step (no
+    # mask): made once, its output a live view of ``tokens``.
+    sampling_row: SamplingRow | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -159,6 +196,10 @@ class Req:
     @property
     def num_output(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    def output_view(self) -> TokenTail:
+        """The output tokens as a live view (no copy; it grows with the request)."""
+        return TokenTail(self.tokens, len(self.prompt_ids))
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -122,12 +122,16 @@ class Scheduler:
         out = Schedule()
         budget = self.max_batch_tokens
         plan: list[tuple[Req, int]] = []
+        prefilling: list[Req] = []
         for req in self.running:  # decodes first: one token each, never starved
-            if not req.is_prefilling:
-                plan.append((req, len(req.tokens) - req.num_computed))
-                budget -= plan[-1][1]
-        for req in self.running:  # then prompts still prefilling, oldest first
-            if req.is_prefilling and budget > 0:
+            n = len(req.tokens) - req.num_computed
+            if n > 1:  # still prefilling (see Req.is_prefilling)
+                prefilling.append(req)
+            else:
+                plan.append((req, n))
+                budget -= n
+        for req in prefilling:  # then prompts still prefilling, oldest first
+            if budget > 0:
                 plan.append((req, self._chunk_len(req, budget)))
                 budget -= plan[-1][1]
         plan = self._secure_blocks(plan, out)
@@ -143,16 +147,18 @@ class Scheduler:
 
     def commit(self, chunk: Chunk) -> None:
         """The chunk's KV is now in the request's blocks."""
-        req = chunk.req
-        assert req.num_computed == chunk.start, "chunks must be committed in order"
-        req.num_computed = chunk.end
-        # Positions below the high-water mark were computed before a retraction.
-        again = max(0, min(chunk.end, req.high_water) - chunk.start)
-        first = max(0, min(chunk.end, req.prompt_len) - max(chunk.start, req.high_water))
-        self.counters.recomputed_tokens += again
-        self.counters.prompt_tokens_computed += first
-        req.high_water = max(req.high_water, chunk.end)
-        if chunk.start < req.prompt_len or chunk.end - chunk.start > 1:
+        req, start, end = chunk.req, chunk.start, chunk.end
+        assert req.num_computed == start, "chunks must be committed in order"
+        req.num_computed = end
+        high, prompt_len = req.high_water, len(req.prompt_ids)
+        if start < high or start < prompt_len:  # not a plain decode past everything before
+            counters = self.counters
+            # Positions below the high-water mark were computed before a retraction.
+            counters.recomputed_tokens += max(0, min(end, high) - start)
+            counters.prompt_tokens_computed += max(0, min(end, prompt_len) - max(start, high))
+        if end > high:
+            req.high_water = end
+        if start < prompt_len or end - start > 1:
             self._cache_progress(req)
 
     def finish(self, req: Req, reason: FinishReason, cache_kv: bool = True) -> None:
@@ -179,7 +185,8 @@ class Scheduler:
     def _secure_blocks(self, plan: list[tuple[Req, int]], out: Schedule) -> list[tuple[Req, int]]:
         """Allocate the blocks ``plan`` writes; evict, then retract, when the pool is short."""
         while True:
-            need = sum(self._new_blocks(req, n) for req, n in plan)
+            short = self._short_of_blocks(plan)  # most decodes need no new block
+            need = sum(k for _, k in short)
             if need > self.pool.num_free:
                 self.cache.evict(need - self.pool.num_free)
             if need <= self.pool.num_free:
@@ -193,9 +200,19 @@ class Scheduler:
             victim = self._retract_victim()
             self.retract(victim)
             plan = [(r, n) for r, n in plan if r is not victim]
-        for req, n in plan:
-            req.blocks += self.pool.alloc(self._new_blocks(req, n))
+        for req, k in short:
+            req.blocks += self.pool.alloc(k)
         return plan
+
+    def _short_of_blocks(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
+        """``(request, blocks it still needs)`` for the planned requests that need any."""
+        bs = self.block_size
+        short = []
+        for req, n in plan:
+            k = -(-(req.num_computed + n) // bs) - len(req.blocks)
+            if k > 0:
+                short.append((req, k))
+        return short
 
     def _new_blocks(self, req: Req, n: int) -> int:
         return max(0, blocks_for(req.num_computed + n, self.block_size) - len(req.blocks))

@@ -161,3 +161,12 @@ def test_the_build_is_cached_by_source_and_machine(tmp_path, monkeypatch):
     assert native_build.build("paged_attention") == first
     assert first.stat().st_mtime_ns == stamp  # not rebuilt
     assert not list(first.parent.glob("*.tmp"))
+
+
+def test_loading_the_native_libraries_keeps_subnormal_floats():
+    """-ffast-math at link time would flush subnormals to zero in the whole process."""
+    from radixlang.kernels import native_linear
+
+    assert native.available() and native_linear.available()
+    tiny = torch.tensor([1e-40])
+    assert float(tiny * 1.0) != 0.0

@@ -85,7 +85,9 @@ def run_to_end(run: ProgramRun, timeout: float = 60.0) -> list:
 
 def test_a_run_streams_every_gen_labelled_by_branch(programs, local_chat):
     defaults = {"temperature": 0.7, "max_new_tokens": 8, "seed": 1}
-    run = ProgramRun(programs["pair"], {"topic": "tea"}, local_chat.program_backend(), defaults)
+    # Enough tokens that a fork outlasts one 50 ms poll even when steps take a millisecond.
+    args = {"topic": "tea", "tokens": 48}
+    run = ProgramRun(programs["pair"], args, local_chat.program_backend(), defaults)
     pieces = run_to_end(run)
     assert run.error is None
     sources = {(p.label, p.var) for p in pieces}

@@ -49,6 +49,11 @@ STATE = (
     "blocks_used",
     "blocks_evictable",
     "cached_tokens",
+    # The forward passes' CPU threads now, and (adaptive threads) changes since the start and
+    # what other processes used at the last look.
+    "cpu_threads",
+    "cpu_thread_changes",
+    "other_cores_busy",
 )
 
 
