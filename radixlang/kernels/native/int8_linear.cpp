@@ -44,14 +44,23 @@ inline void widen16(const int8_t* src, __m256& lo, __m256& hi) {
     hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
 }
 
-// Rows [m0, m0 + rows) of x (rows <= DIRECT_MAX_M) against one int8 panel.
-template <int ROWS>
-void direct_tile(const float* x, int64_t k_total, const int8_t* panel, float out[][PANEL]) {
+// A k's 16 panel weights as two float vectors: widened from int8, or loaded as they are.
+inline void load16(const int8_t* src, __m256& lo, __m256& hi) { widen16(src, lo, hi); }
+
+inline void load16(const float* src, __m256& lo, __m256& hi) {
+    lo = _mm256_loadu_ps(src);
+    hi = _mm256_loadu_ps(src + 8);
+}
+
+// ROWS rows of x against one panel (int8 straight from the packed weights, or float from a
+// widened copy): ROWS x 16 accumulators, one broadcast and two FMAs per row and k.
+template <int ROWS, typename Weight>
+void tile(const float* x, int64_t k_total, const Weight* panel, float out[][PANEL]) {
     __m256 acc[ROWS][2];
     for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < k_total; ++k) {
         __m256 lo, hi;
-        widen16(panel + k * PANEL, lo, hi);
+        load16(panel + k * PANEL, lo, hi);
         for (int r = 0; r < ROWS; ++r) {
             const __m256 xv = _mm256_broadcast_ss(x + r * k_total + k);
             acc[r][0] = _mm256_fmadd_ps(xv, lo, acc[r][0]);
@@ -64,22 +73,16 @@ void direct_tile(const float* x, int64_t k_total, const int8_t* panel, float out
     }
 }
 
-template <int ROWS>
-void float_tile(const float* x, int64_t k_total, const float* panel, float out[][PANEL]) {
-    __m256 acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < k_total; ++k) {
-        const __m256 lo = _mm256_loadu_ps(panel + k * PANEL);
-        const __m256 hi = _mm256_loadu_ps(panel + k * PANEL + 8);
-        for (int r = 0; r < ROWS; ++r) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * k_total + k);
-            acc[r][0] = _mm256_fmadd_ps(xv, lo, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(xv, hi, acc[r][1]);
-        }
-    }
-    for (int r = 0; r < ROWS; ++r) {
-        _mm256_storeu_ps(out[r], acc[r][0]);
-        _mm256_storeu_ps(out[r] + 8, acc[r][1]);
+template <typename Weight>
+void tile_rows(int rows, const float* x, int64_t k_total, const Weight* panel,
+               float out[][PANEL]) {
+    switch (rows) {
+        case 1: tile<1>(x, k_total, panel, out); break;
+        case 2: tile<2>(x, k_total, panel, out); break;
+        case 3: tile<3>(x, k_total, panel, out); break;
+        case 4: tile<4>(x, k_total, panel, out); break;
+        case 5: tile<5>(x, k_total, panel, out); break;
+        default: tile<6>(x, k_total, panel, out);
     }
 }
 
@@ -121,21 +124,9 @@ void run_panel(const float* x, int64_t m_total, int64_t k_total, const int8_t* p
                                                             m_total - m0));
         const float* xm = x + m0 * k_total;
         if (direct) {
-            switch (rows) {
-                case 1: direct_tile<1>(xm, k_total, panel, out); break;
-                case 2: direct_tile<2>(xm, k_total, panel, out); break;
-                case 3: direct_tile<3>(xm, k_total, panel, out); break;
-                default: direct_tile<4>(xm, k_total, panel, out);
-            }
+            tile_rows(rows, xm, k_total, panel, out);
         } else {
-            switch (rows) {
-                case 1: float_tile<1>(xm, k_total, widened, out); break;
-                case 2: float_tile<2>(xm, k_total, widened, out); break;
-                case 3: float_tile<3>(xm, k_total, widened, out); break;
-                case 4: float_tile<4>(xm, k_total, widened, out); break;
-                case 5: float_tile<5>(xm, k_total, widened, out); break;
-                default: float_tile<6>(xm, k_total, widened, out);
-            }
+            tile_rows(rows, xm, k_total, static_cast<const float*>(widened), out);
         }
         for (int r = 0; r < rows; ++r)
             epilogue(y + (m0 + r) * n_total, n0, width, out[r], scale, bias);

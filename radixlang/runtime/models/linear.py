@@ -71,8 +71,7 @@ class Int8Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         q, self.scales = native_linear.quantize_rows(weight)
-        self.native = native_linear.available()
-        if self.native:
+        if native_linear.available():
             self.packed: native_linear.PackedInt8 | None = native_linear.pack(q, self.scales, bias)
             self.q = None
         else:
