@@ -707,9 +707,9 @@ class Engine:
         rows: list[SamplingRow] = []
         for i in sampled:
             req = chunks[i].req
-            if req.constraint is None:
+            if req.constraint is None:  # free text: only token healing's first mask
                 keep.append(i)
-                rows.append(self._sampling_row(req))
+                rows.append(self._sampling_row(req, _first_token_mask(req)))
                 continue
             if i not in masks:
                 continue

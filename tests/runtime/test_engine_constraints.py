@@ -369,6 +369,29 @@ def test_token_healing_backs_up_a_cut_off_token(eng):
     eng.check_integrity()
 
 
+def test_token_healing_keeps_its_first_mask_beside_constrained_rows(eng):
+    # One batch: a healed free-text request and a regex request. The constrained row makes the
+    # engine build every row's mask per request; the healed row must still get its first mask.
+    tok = eng.tokenizer
+    prompt = "Visit http:"
+    ids = tok.encode(prompt)
+    removed = tok.decode(ids[-1:])
+    for seed in range(4):
+        healed, constrained = eng.generate(
+            [prompt, "Code:"],
+            [
+                {"token_healing": True, "temperature": 1.0, "seed": seed, "max_new_tokens": 4,
+                 "ignore_eos": True},
+                sampled("[a-z]{2,6}", seed),
+            ],
+        )  # fmt: skip
+        assert healed.prompt_tokens == len(ids) - 1
+        assert tok.decode(healed.output_ids[:1]).startswith(removed)
+        assert removed + healed.text == tok.decode(healed.output_ids)
+        assert re.fullmatch("[a-z]{2,6}", constrained.text)
+    eng.check_integrity()
+
+
 def test_token_healing_changes_nothing_on_a_clean_boundary(eng):
     from radixlang.constrain import token_vocabulary
 
