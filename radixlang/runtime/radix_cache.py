@@ -19,6 +19,15 @@ them, and locks the handle so that eviction leaves the path alone.
 Eviction. Unlocked leaves are kept in a heap keyed by last access (a logical clock), with lazy
 deletion: an entry is live while its stamp equals the node's current one. Evicting a leaf costs
 O(log leaves); its parent becomes a candidate when it turns into an unlocked leaf.
+
+The host tier (optional, :class:`TierStore`). With one, eviction does not drop a node: its KV
+is copied into the tier's blocks (same layout rule, by block index, in the tier's own pool) and
+its device blocks are freed; the node stays in the tree as a *tiered* node. A tiered node's
+descendants are all tiered, so a device leaf is a device node with no device child. A match that
+runs into tiered nodes loads them back into fresh device blocks (evicting others if it must)
+instead of leaving them to be recomputed; an insert whose path crosses tiered nodes gives them
+the inserting writer's blocks. The tier has its own LRU over tiered leaves: when it is full the
+oldest are dropped for good.
 """
 
 from __future__ import annotations
@@ -28,9 +37,24 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, Protocol
 
 from radixlang.runtime.block_pool import BlockPool, IntegrityError
+
+
+class TierStore(Protocol):
+    """Where evicted KV goes: a pool of host blocks and the copies between the two pools.
+
+    Blocks are copied whole: a host block holds what its device block held, slot for slot.
+    """
+
+    pool: BlockPool
+
+    def write(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        """Copy device blocks into host blocks (pairwise)."""
+
+    def read(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
+        """Copy host blocks into device blocks (pairwise)."""
 
 
 class StaleHandleError(RuntimeError):
@@ -47,6 +71,7 @@ class _Node:
         "children",
         "evicted",
         "hits",
+        "host_blocks",
         "id",
         "last_access",
         "lock_ref",
@@ -70,6 +95,13 @@ class _Node:
         self.hits = 0
         self.own_blocks = 0  # blocks not also held by the parent (counted for sizes)
         self.evicted = False
+        # Tiered: the KV is in these host-tier blocks (by block index, like ``blocks``) and
+        # ``blocks`` is empty.
+        self.host_blocks: list[int] = []
+
+    @property
+    def tiered(self) -> bool:
+        return bool(self.host_blocks)
 
     @property
     def end(self) -> int:
@@ -109,6 +141,7 @@ class MatchResult:
     length: int
     blocks: list[int]
     handle: CacheHandle
+    loaded: int = 0  # of ``length``, tokens this match loaded back from the host tier
 
 
 def common_prefix_len(key: Sequence[int], tokens: Sequence[int], pos: int = 0) -> int:
@@ -136,8 +169,11 @@ def _as_token_list(tokens: Sequence[int]) -> list[int]:
 class RadixCache:
     """Token-id radix tree over a :class:`BlockPool`, with LRU eviction of unlocked leaves."""
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, tier: TierStore | None = None) -> None:
+        if tier is not None and tier.pool.block_size != pool.block_size:
+            raise ValueError("the host tier's blocks must be the size of the pool's")
         self.pool = pool
+        self.tier = tier
         self.block_size = pool.block_size
         self._next_id = 0
         self.root = self._new_node([], 0, [], None)
@@ -149,11 +185,18 @@ class RadixCache:
         # Eviction candidates (unlocked non-root leaves) -> the stamp of their live heap entry.
         self._candidates: dict[_Node, int] = {}
         self._heap: list[tuple[int, int, _Node]] = []
+        # The same for the tier: unlocked tiered leaves.
+        self._tier_candidates: dict[_Node, int] = {}
+        self._tier_heap: list[tuple[int, int, _Node]] = []
+        self._tiered_tokens = 0
         # Statistics for reports.
         self.match_queries = 0
         self.match_query_tokens = 0
         self.match_hit_tokens = 0
         self.evicted_blocks_total = 0
+        self.tier_written_blocks_total = 0  # device blocks copied into the tier
+        self.tier_loaded_tokens_total = 0  # tokens loaded back from the tier
+        self.tier_dropped_tokens_total = 0  # tiered tokens dropped for good (the tier was full)
 
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
@@ -165,6 +208,9 @@ class RadixCache:
         key = _as_token_list(tokens)
         self._clock += 1
         path, _ = self._walk(key, split=True)
+        loaded = 0
+        if path and path[-1].tiered:
+            path, loaded = self._load(path)
         for node in path:
             node.last_access = self._clock
             node.hits += 1
@@ -174,10 +220,11 @@ class RadixCache:
         self.match_queries += 1
         self.match_query_tokens += len(key)
         self.match_hit_tokens += length
-        return MatchResult(length, self._block_table(path), CacheHandle(end_node))
+        return MatchResult(length, self._block_table(path), CacheHandle(end_node), loaded)
 
     def peek_prefix_len(self, tokens: Sequence[int]) -> int:
-        """Length of the longest cached prefix, without splitting or touching anything."""
+        """Length of the longest cached prefix (tiered nodes count: a match loads them),
+        without splitting or touching anything."""
         return self._walk(_as_token_list(tokens), split=False)[1]
 
     def handle_of(self, tokens: Sequence[int]) -> CacheHandle:
@@ -206,8 +253,13 @@ class RadixCache:
 
     @property
     def cached_tokens(self) -> int:
-        """Tokens stored in the tree (each node's own tokens once)."""
+        """Tokens whose KV is in the device pool (each node's own tokens once)."""
         return self._cached_tokens
+
+    @property
+    def tiered_tokens(self) -> int:
+        """Tokens whose KV is in the host tier (each node's own tokens once)."""
+        return self._tiered_tokens
 
     def stats(self) -> dict[str, float | int]:
         queried = self.match_query_tokens
@@ -223,6 +275,20 @@ class RadixCache:
             "match_hit_tokens": self.match_hit_tokens,
             "hit_rate": self.match_hit_tokens / queried if queried else 0.0,
             "evicted_blocks_total": self.evicted_blocks_total,
+        } | self.tier_stats()
+
+    def tier_stats(self) -> dict[str, int]:
+        """The host tier's occupancy and traffic (empty without a tier)."""
+        if self.tier is None:
+            return {}
+        tier_pool = self.tier.pool
+        return {
+            "tier_tokens": self._tiered_tokens,
+            "tier_blocks_used": tier_pool.num_used,
+            "tier_blocks_total": tier_pool.num_blocks,
+            "tier_written_blocks_total": self.tier_written_blocks_total,
+            "tier_loaded_tokens_total": self.tier_loaded_tokens_total,
+            "tier_dropped_tokens_total": self.tier_dropped_tokens_total,
         }
 
     # ---- updates -------------------------------------------------------------------------
@@ -246,6 +312,8 @@ class RadixCache:
         path, _ = self._walk(key, split=True)
         for node in path:
             node.last_access = self._clock
+            if node.tiered:  # the writer holds this KV too: take its blocks, not the tier's
+                self._adopt(node, blocks)
         parent = path[-1] if path else self.root
         cached = parent.end
         if cached < len(key):
@@ -298,7 +366,29 @@ class RadixCache:
             stamp, _, node = heapq.heappop(self._heap)
             if self._candidates.get(node) != stamp:
                 continue  # a stale entry: the node was touched, locked, extended or removed
-            freed.extend(self._remove_leaf(node))
+            freed.extend(self._demote(node) if self.tier is not None else self._remove_leaf(node))
+        self.evicted_blocks_total += len(freed)
+        return freed
+
+    def swap_out(self, tokens: Sequence[int]) -> list[int]:
+        """Move the cached path of ``tokens`` to the tier now, leaf first, as far up as its
+        nodes are unlocked device leaves; returns the device blocks that became free.
+
+        For a preempted request: its KV leaves the pool at once and comes back when it is
+        matched again. Without a tier nothing moves."""
+        if self.tier is None:
+            return []
+        key = _as_token_list(tokens)
+        path, length = self._walk(key, split=True)
+        if not path or length != len(key):
+            return []
+        freed: list[int] = []
+        node = path[-1]
+        while node is not self.root and node in self._candidates:
+            parent = node.parent
+            assert parent is not None
+            freed.extend(self._demote(node))
+            node = parent
         self.evicted_blocks_total += len(freed)
         return freed
 
@@ -313,11 +403,16 @@ class RadixCache:
             stack.extend(node.children.values())
             node.evicted = True
             freed.extend(self.pool.decref(node.blocks))
+            if node.tiered:
+                assert self.tier is not None
+                self.tier.pool.decref(node.host_blocks)
         self.root.children.clear()
         self._candidates.clear()
         self._heap.clear()
+        self._tier_candidates.clear()
+        self._tier_heap.clear()
         self._evictable_blocks = self._protected_blocks = 0
-        self._num_nodes = self._cached_tokens = 0
+        self._num_nodes = self._cached_tokens = self._tiered_tokens = 0
         self.evicted_blocks_total += len(freed)
         return freed
 
@@ -330,8 +425,10 @@ class RadixCache:
         """
         bs = self.block_size
         holders: dict[int, list[tuple[_Node, int]]] = {}
-        evictable = protected = nodes = tokens = 0
+        tier_holders: dict[int, list[tuple[_Node, int]]] = {}
+        evictable = protected = nodes = tokens = tiered_tokens = 0
         candidates: dict[_Node, int] = {}
+        tier_candidates: dict[_Node, int] = {}
         stack = [self.root]
         while stack:
             node = stack.pop()
@@ -347,8 +444,24 @@ class RadixCache:
             if node is self.root:
                 continue
             nodes += 1
-            tokens += len(node.tokens)
             first, last = node.start // bs, (node.end - 1) // bs
+            device_children = [c for c in node.children.values() if not c.tiered]
+            if node.tiered:
+                _expect(self.tier is not None, f"node {node.id}: tiered, but there is no tier")
+                _expect(not node.blocks, f"node {node.id}: tiered but holds device blocks")
+                _expect(
+                    len(node.host_blocks) == last - first + 1,
+                    f"node {node.id}: {len(node.host_blocks)} tier blocks for {first}..{last}",
+                )
+                _expect(node.own_blocks == 0, f"node {node.id}: tiered with own device blocks")
+                _expect(not device_children, f"node {node.id}: a device node under a tiered one")
+                tiered_tokens += len(node.tokens)
+                if not node.lock_ref and not node.children:
+                    tier_candidates[node] = node.last_access
+                for j, b in enumerate(node.host_blocks):
+                    tier_holders.setdefault(b, []).append((node, first + j))
+                continue
+            tokens += len(node.tokens)
             _expect(
                 len(node.blocks) == last - first + 1,
                 f"node {node.id}: {len(node.blocks)} blocks for indices {first}..{last}",
@@ -360,24 +473,31 @@ class RadixCache:
                 protected += own
             else:
                 evictable += own
-                if not node.children:
+                if not device_children:
                     candidates[node] = node.last_access
             for j, b in enumerate(node.blocks):
                 holders.setdefault(b, []).append((node, first + j))
         _expect(nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes}")
         _expect(tokens == self._cached_tokens, f"token count {self._cached_tokens} != {tokens}")
+        _expect(tiered_tokens == self._tiered_tokens, "tiered token count is off")
+        _expect(tier_candidates == self._tier_candidates, "tier candidates differ from the tree")
+        tier_live = {(stamp, node.id) for stamp, _, node in self._tier_heap}
+        for node, stamp in tier_candidates.items():
+            _expect((stamp, node.id) in tier_live, f"tiered leaf {node.id} has no heap entry")
         _expect(evictable == self._evictable_blocks, "evictable size counter is off")
         _expect(protected == self._protected_blocks, "protected size counter is off")
         _expect(candidates == self._candidates, "eviction candidates differ from the tree")
         live = {(stamp, node.id) for stamp, _, node in self._heap}
         for node, stamp in candidates.items():
             _expect((stamp, node.id) in live, f"leaf {node.id} has no live heap entry")
-        for b, hs in holders.items():
+        for b, hs in (*holders.items(), *tier_holders.items()):
             if len(hs) > 1:  # one block, several nodes: an ancestor chain at one index
                 _expect(len({i for _, i in hs}) == 1, f"block {b} held at two block indices")
                 chain = sorted((n for n, _ in hs), key=lambda n: n.start)
                 for up, down in pairwise(chain):
                     _expect(_is_ancestor(up, down), f"block {b} shared by nodes on two branches")
+        if self.tier is not None:  # only the tree holds tier blocks: the counts are exact
+            self.tier.pool.check_integrity(Counter({b: len(hs) for b, hs in tier_holders.items()}))
         tree_refs = Counter({b: len(hs) for b, hs in holders.items()})
         if external_refs is None:
             for b, k in tree_refs.items():
@@ -386,6 +506,16 @@ class RadixCache:
         else:
             self.pool.check_integrity(tree_refs + Counter(external_refs))
 
+    def nodes_parents_first(self) -> list[_Node]:
+        """Every node but the root, each after its parent (to save the tree)."""
+        out: list[_Node] = []
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
     # ---- rendering -----------------------------------------------------------------------
     def describe(self, max_nodes: int | None = None) -> dict[str, Any]:
         """The tree as nested plain dicts (JSON-ready), for viewers such as the REPL's /tree.
@@ -393,10 +523,11 @@ class RadixCache:
         Each node: ``id``, ``start``/``end`` (its token positions), ``token_ids`` (its edge),
         ``blocks`` (pool ids), ``own_blocks`` (blocks no ancestor also holds), ``block_refs``
         (each block's pool reference count: tree holders plus running requests), ``hits``
-        (matches that passed through it), ``lock_ref`` (running requests whose path includes
-        it), ``age`` (cache operations since it was last matched or inserted: its LRU age) and
-        ``children`` (by first token). The root (``id`` 0, no tokens) also carries
-        ``num_nodes``, ``shown_nodes`` (at most ``max_nodes``, depth-first) and
+        (matches that passed through it), ``tier_blocks`` (host-tier ids when its KV was
+        evicted to the tier, and then ``blocks`` is empty), ``lock_ref`` (running requests
+        whose path includes it), ``age`` (cache operations since it was last matched or
+        inserted: its LRU age) and ``children`` (by first token). The root (``id`` 0, no
+        tokens) also carries ``num_nodes``, ``shown_nodes`` (at most ``max_nodes``, depth-first) and
         ``tree_blocks``, the distinct blocks the tree holds. Read it where nothing mutates the
         cache (the engine thread: ``Engine._call``)."""
         shown = 0
@@ -412,6 +543,7 @@ class RadixCache:
                 "blocks": list(node.blocks),
                 "own_blocks": node.own_blocks,
                 "block_refs": [self.pool.refcount(b) for b in node.blocks],
+                "tier_blocks": list(node.host_blocks),
                 "hits": node.hits,
                 "lock_ref": node.lock_ref,
                 "age": self._clock - node.last_access,
@@ -459,9 +591,10 @@ class RadixCache:
             if len(label) > max_chars:
                 label = label[: max_chars - 1] + "…"
             lock = f" lock={node.lock_ref}" if node.lock_ref else ""
+            where = f"tier={len(node.host_blocks)}" if node.tiered else f"blocks={len(node.blocks)}"
             lines.append(
                 f"{indent}{'└─' if is_last else '├─'} [{node.start}:{node.end}) {label!r} "
-                f"blocks={len(node.blocks)} hits={node.hits}{lock}"
+                f"{where} hits={node.hits}{lock}"
             )
             kids = self._ordered_children(node)
             child_indent = indent + ("   " if is_last else "│  ")
@@ -512,14 +645,21 @@ class RadixCache:
         cut = node.start + k
         parent = node.parent
         assert parent is not None
-        upper_blocks = node.blocks[: (cut - 1) // bs - node.start // bs + 1]
-        upper = self._new_node(node.tokens[:k], node.start, upper_blocks, parent)
+        upper_end = (cut - 1) // bs - node.start // bs + 1
+        lower_start = cut // bs - node.start // bs
+        upper = self._new_node(node.tokens[:k], node.start, node.blocks[:upper_end], parent)
         upper.lock_ref = node.lock_ref
         upper.last_access = node.last_access
         upper.hits = node.hits
         parent.children[upper.tokens[0]] = upper
-        node.blocks = node.blocks[cut // bs - node.start // bs :]
-        if cut % bs:
+        if node.tiered:  # the same cut in the tier's blocks; no device block is involved
+            assert self.tier is not None
+            upper.host_blocks = node.host_blocks[:upper_end]
+            node.host_blocks = node.host_blocks[lower_start:]
+            if cut % bs:
+                self.tier.pool.incref([node.host_blocks[0]])
+        node.blocks = node.blocks[lower_start:]
+        if cut % bs and node.blocks:
             self.pool.incref([node.blocks[0]])  # the block the cut falls in: both hold it
         node.tokens = node.tokens[k:]
         node.start = cut
@@ -544,7 +684,7 @@ class RadixCache:
         own puts its block under that request's node, whose block at the index differs.
         """
         bs = self.block_size
-        if node.start % bs == 0:
+        if node.start % bs == 0 or not node.blocks:  # (a tiered node holds no device block)
             return len(node.blocks)
         first = node.start // bs
         up = node.parent
@@ -562,8 +702,10 @@ class RadixCache:
         return table
 
     def _remove_leaf(self, node: _Node) -> list[int]:
+        """Drop a device node with no children; returns the device blocks that became free."""
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0
+        assert not node.tiered
         del parent.children[node.tokens[0]]
         self._candidates.pop(node, None)
         node.evicted = True
@@ -574,18 +716,164 @@ class RadixCache:
         self._refresh_candidate(parent)
         return freed
 
+    # ---- the host tier ---------------------------------------------------------------------
+    def _demote(self, node: _Node) -> list[int]:
+        """Evict a device leaf into the tier (or drop it, with its tiered subtree, when the tier
+        cannot take it); returns the device blocks that became free."""
+        tier = self.tier
+        assert tier is not None and node.lock_ref == 0 and not node.tiered
+        need = len(node.blocks)
+        if tier.pool.num_free < need:
+            self._evict_tier(need - tier.pool.num_free)
+        if tier.pool.num_free < need:  # larger than the whole tier
+            for child in list(node.children.values()):
+                self._drop_tiered_subtree(child)
+            return self._remove_leaf(node)
+        host = tier.pool.alloc(need)
+        tier.write(node.blocks, host)
+        self._candidates.pop(node, None)
+        self._evictable_blocks -= node.own_blocks
+        node.own_blocks = 0
+        self._cached_tokens -= len(node.tokens)
+        self._tiered_tokens += len(node.tokens)
+        freed = self.pool.decref(node.blocks)
+        node.blocks, node.host_blocks = [], host
+        self.tier_written_blocks_total += need
+        self._refresh_candidate(node)
+        assert node.parent is not None
+        self._refresh_candidate(node.parent)
+        return freed
+
+    def _load(self, path: list[_Node]) -> tuple[list[_Node], int]:
+        """Load the tiered end of ``path`` back into device blocks, as many of its nodes as the
+        pool can take (evicting others for room); returns the device path and tokens loaded."""
+        tier = self.tier
+        assert tier is not None
+        split = next(i for i, node in enumerate(path) if node.tiered)
+        tiered = path[split:]
+        # Hold the whole path: eviction for room must touch neither its device part nor, in the
+        # tier, its tiered part.
+        hold = CacheHandle(path[-1])
+        self.lock(hold)
+        try:
+            wanted = list(dict.fromkeys(b for node in tiered for b in node.host_blocks))
+            if len(wanted) > self.pool.num_free:
+                self.evict(len(wanted) - self.pool.num_free)
+            fit, seen = 0, set()  # the longest run of nodes whose blocks fit
+            for node in tiered:
+                fresh = {b for b in node.host_blocks if b not in seen}
+                if len(seen) + len(fresh) > self.pool.num_free:
+                    break
+                seen |= fresh
+                fit += 1
+            loading = tiered[:fit]
+            host = [b for b in wanted if b in seen]
+            device = self.pool.alloc(len(host))
+            tier.read(host, device)
+            to_device = dict(zip(host, device, strict=True))
+            loaded = 0
+            for node in loading:
+                blocks = [to_device[b] for b in node.host_blocks]
+                parent = node.parent
+                assert parent is not None
+                if node.start % self.block_size and parent.blocks[-1:] == blocks[:1]:
+                    # A cut block shared with the parent in the tier is shared on the device too.
+                    self.pool.incref(blocks[:1])
+                self._to_device(node, blocks)
+                loaded += len(node.tokens)
+        finally:
+            self.unlock(hold)
+        self.tier_loaded_tokens_total += loaded
+        return path[: split + fit], loaded
+
+    def _adopt(self, node: _Node, blocks: Sequence[int]) -> None:
+        """A tiered node on an inserting writer's path takes the writer's blocks (the same KV)."""
+        first, last = node.start // self.block_size, (node.end - 1) // self.block_size
+        device = list(blocks[first : last + 1])
+        self.pool.incref(device)
+        self._to_device(node, device)
+
+    def _to_device(self, node: _Node, blocks: list[int]) -> None:
+        """Make a tiered node a device node holding ``blocks`` (one reference each, already
+        taken); its tier blocks are released. Its parent must be a device node."""
+        tier = self.tier
+        assert tier is not None and node.tiered
+        self._tier_candidates.pop(node, None)
+        tier.pool.decref(node.host_blocks)
+        node.host_blocks, node.blocks = [], blocks
+        node.own_blocks = self._count_own_blocks(node)
+        if node.lock_ref:
+            self._protected_blocks += node.own_blocks
+        else:
+            self._evictable_blocks += node.own_blocks
+        self._cached_tokens += len(node.tokens)
+        self._tiered_tokens -= len(node.tokens)
+        self._refresh_candidate(node)
+        assert node.parent is not None
+        self._refresh_candidate(node.parent)
+
+    def _evict_tier(self, num_blocks: int) -> int:
+        """Drop the tier's least recently used leaves until ``num_blocks`` of its blocks are
+        free; returns how many were freed."""
+        assert self.tier is not None
+        freed = 0
+        while freed < num_blocks and self._tier_heap:
+            stamp, _, node = heapq.heappop(self._tier_heap)
+            if self._tier_candidates.get(node) != stamp:
+                continue
+            freed += self._drop_tiered_leaf(node)
+        return freed
+
+    def _drop_tiered_leaf(self, node: _Node) -> int:
+        assert self.tier is not None and node.tiered and not node.children and not node.lock_ref
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.tokens[0]]
+        self._tier_candidates.pop(node, None)
+        node.evicted = True
+        self._num_nodes -= 1
+        self._tiered_tokens -= len(node.tokens)
+        self.tier_dropped_tokens_total += len(node.tokens)
+        freed = len(self.tier.pool.decref(node.host_blocks))
+        self._refresh_candidate(parent)
+        return freed
+
+    def _drop_tiered_subtree(self, node: _Node) -> None:
+        for child in list(node.children.values()):
+            self._drop_tiered_subtree(child)
+        self._drop_tiered_leaf(node)
+
     def _refresh_candidate(self, node: _Node) -> None:
-        """Keep ``node``'s membership in the eviction heap in step with its state."""
-        if node is self.root or node.evicted or node.children or node.lock_ref:
+        """Keep ``node``'s membership in its eviction heap (device or tier) in step with its
+        state: a device node with no device child, or a tiered node with no child at all."""
+        if node is self.root or node.evicted or node.lock_ref:
             self._candidates.pop(node, None)
+            self._tier_candidates.pop(node, None)
             return
-        if self._candidates.get(node) == node.last_access:
+        if node.tiered:
+            self._candidates.pop(node, None)
+            if node.children:
+                self._tier_candidates.pop(node, None)
+            else:
+                self._push(node, self._tier_candidates, self._tier_heap)
             return
-        self._candidates[node] = node.last_access
-        heapq.heappush(self._heap, (node.last_access, node.id, node))
-        if len(self._heap) > 2 * len(self._candidates) + 64:  # drop stale entries, amortised
-            self._heap[:] = [(s, n.id, n) for n, s in self._candidates.items()]
-            heapq.heapify(self._heap)
+        children = node.children.values()
+        if any(not c.tiered for c in children) if self.tier is not None else children:
+            self._candidates.pop(node, None)
+        else:
+            self._push(node, self._candidates, self._heap)
+
+    @staticmethod
+    def _push(
+        node: _Node, candidates: dict[_Node, int], heap: list[tuple[int, int, _Node]]
+    ) -> None:
+        if candidates.get(node) == node.last_access:
+            return
+        candidates[node] = node.last_access
+        heapq.heappush(heap, (node.last_access, node.id, node))
+        if len(heap) > 2 * len(candidates) + 64:  # drop stale entries, amortised
+            heap[:] = [(s, n.id, n) for n, s in candidates.items()]
+            heapq.heapify(heap)
 
     def _live_node(self, handle: CacheHandle) -> _Node:
         node = handle._node

@@ -80,3 +80,28 @@ def release(cache: RadixCache, served: Served) -> None:
         served.handle = None
     cache.pool.decref(served.blocks)
     served.blocks = []
+
+
+class SlotTier:
+    """A host tier for :class:`SlotStore`: its own pool of blocks, copied whole both ways."""
+
+    def __init__(self, store: SlotStore, num_blocks: int) -> None:
+        self.store = store
+        self.pool = BlockPool(num_blocks, store.block_size)
+        self.slots: list[list[object]] = [[None] * store.block_size for _ in range(num_blocks)]
+        self.writes = 0
+        self.reads = 0
+
+    def write(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        assert len(device_blocks) == len(host_blocks)
+        for d, h in zip(device_blocks, host_blocks, strict=True):
+            assert self.pool.refcount(h) > 0, "write into a free tier block"
+            self.slots[h] = list(self.store.slots[d])
+        self.writes += len(host_blocks)
+
+    def read(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
+        assert len(device_blocks) == len(host_blocks)
+        for h, d in zip(host_blocks, device_blocks, strict=True):
+            assert self.pool.refcount(h) > 0, "read from a free tier block"
+            self.store.slots[d] = list(self.slots[h])
+        self.reads += len(host_blocks)

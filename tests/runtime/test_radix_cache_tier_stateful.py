@@ -1,0 +1,176 @@
+"""Random programs of cache operations on a radix cache with a host tier.
+
+Eviction moves KV into the tier instead of dropping it, matches load it back, inserts adopt
+tiered nodes, ``swap_out`` moves a finished request's path at once, and a full tier drops its
+least recently used leaves. The simulated KV (each slot holds the prefix it belongs to) checks
+that every block a match returns, loaded or not, holds exactly that prefix's KV, and that no load
+or eviction overwrote blocks a request holds. After every step both pools' reference counts are
+checked exactly (``check_integrity``). With a tier large enough never to drop anything, nothing
+inserted is ever lost: every inserted prefix stays matchable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from kv_sim import Served, SlotStore, SlotTier, release, serve
+
+from radixlang.runtime.block_pool import BlockPool, OutOfBlocksError
+from radixlang.runtime.radix_cache import CacheInUseError, RadixCache
+
+token_lists = st.lists(st.integers(0, 2), min_size=0, max_size=14)
+
+
+class TierMachine(RuleBasedStateMachine):
+    block_size = 4
+    num_blocks = 16
+    tier_blocks = 400  # never full: nothing is dropped
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = SlotStore(self.num_blocks, self.block_size)
+        self.pool = BlockPool(self.num_blocks, self.block_size, copy_hook=self.store.copy)
+        self.tier = SlotTier(self.store, self.tier_blocks)
+        self.cache = RadixCache(self.pool, self.tier)
+        self.requests: list[Served] = []
+        self.inserted: set[tuple[int, ...]] = {()}
+        # 50 steps insert at most 50 * 14 tokens: 400 blocks never fill, so nothing is dropped.
+        self.lossless = self.tier_blocks >= 400
+
+    def expected(self, tokens: list[int]) -> int:
+        n = 0
+        while n < len(tokens) and tuple(tokens[: n + 1]) in self.inserted:
+            n += 1
+        return n
+
+    def checked_match(self, tokens: list[int]):
+        free_before = self.pool.num_free
+        m = self.cache.match_prefix(tokens)
+        assert m.handle.length == m.length
+        assert len(m.blocks) == self.pool.blocks_for_tokens(m.length)
+        assert m.length <= self.expected(tokens), "matched tokens never inserted"
+        assert self.store.read_ok(tokens, m.blocks, m.length), "match returned wrong KV"
+        assert 0 <= m.loaded <= m.length
+        if self.lossless and free_before >= self.pool.blocks_for_tokens(len(tokens)) + 1:
+            assert m.length == self.expected(tokens), "an inserted prefix was lost"
+        return m
+
+    @rule(tokens=token_lists, keep=st.booleans())
+    def run_request(self, tokens: list[int], keep: bool) -> None:
+        need = self.pool.blocks_for_tokens(len(tokens)) + 1
+        if need > self.pool.num_free:
+            self.cache.evict(need - self.pool.num_free)
+        try:
+            served = serve(self.cache, self.store, tokens)
+        except OutOfBlocksError:
+            return
+        assert self.store.read_ok(tokens, served.blocks, len(tokens))
+        self.inserted.update(tuple(tokens[:i]) for i in range(len(tokens) + 1))
+        if keep:
+            self.requests.append(served)
+        else:
+            release(self.cache, served)
+
+    @rule(tokens=token_lists)
+    def match(self, tokens: list[int]) -> None:
+        self.checked_match(tokens)
+
+    @rule(tokens=token_lists)
+    def peek(self, tokens: list[int]) -> None:
+        n = self.cache.peek_prefix_len(tokens)
+        assert n <= self.expected(tokens)
+        if self.lossless:
+            assert n == self.expected(tokens), "an inserted prefix was lost"
+
+    @rule(tokens=token_lists, lock=st.booleans())
+    def hold_prefix(self, tokens: list[int], lock: bool) -> None:
+        m = self.checked_match(tokens)
+        self.pool.incref(m.blocks)
+        if lock:
+            self.cache.lock(m.handle)
+        self.requests.append(
+            Served(tokens[: m.length], list(m.blocks), m.length, m.handle if lock else None)
+        )
+
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 1000))
+    def finish(self, i: int) -> None:
+        release(self.cache, self.requests.pop(i % len(self.requests)))
+
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 1000))
+    def preempt(self, i: int) -> None:
+        """A request is released and its path swapped out to the tier at once."""
+        served = self.requests.pop(i % len(self.requests))
+        tokens = served.tokens
+        release(self.cache, served)
+        free_before = self.pool.num_free
+        freed = self.cache.swap_out(tokens)
+        assert self.pool.num_free == free_before + len(freed)
+        assert all(self.pool.refcount(b) == 0 for b in freed)
+
+    @rule(n=st.integers(0, 12))
+    def evict(self, n: int) -> None:
+        free_before = self.pool.num_free
+        freed = self.cache.evict(n)
+        assert len(set(freed)) == len(freed)
+        assert self.pool.num_free == free_before + len(freed)
+
+    @rule()
+    def flush(self) -> None:
+        try:
+            self.cache.flush()
+        except CacheInUseError:
+            assert any(r.handle is not None and r.handle.length for r in self.requests)
+            return
+        assert self.cache.tiered_tokens == 0 and self.tier.pool.num_free == self.tier_blocks
+        self.inserted = {()}
+
+    @invariant()
+    def integrity(self) -> None:
+        self.cache.check_integrity(Counter(b for r in self.requests for b in r.blocks))
+
+    @invariant()
+    def nothing_dropped(self) -> None:
+        if self.lossless:
+            assert self.cache.tier_dropped_tokens_total == 0
+
+    @invariant()
+    def held_kv_intact(self) -> None:
+        for r in self.requests:
+            assert self.store.read_ok(r.tokens, r.blocks, len(r.tokens)), "held KV overwritten"
+
+    def teardown(self) -> None:
+        while self.requests:
+            release(self.cache, self.requests.pop())
+        self.cache.check_integrity({})
+        self.cache.flush()
+        assert self.pool.num_free == self.pool.num_blocks
+        assert self.tier.pool.num_free == self.tier.pool.num_blocks
+
+
+class SmallTierMachine(TierMachine):
+    """A tier of a few blocks: demotions push older tiered leaves out, or cannot fit at all."""
+
+    tier_blocks = 5
+
+
+class OddBlockTierMachine(TierMachine):
+    block_size = 3
+    num_blocks = 20
+    tier_blocks = 12
+
+
+def steps(examples: int) -> settings:
+    return settings(max_examples=examples, stateful_step_count=50, deadline=None)
+
+
+TestTier = TierMachine.TestCase
+TestTier.settings = steps(150)
+TestSmallTier = SmallTierMachine.TestCase
+TestSmallTier.settings = steps(100)
+TestOddBlockTier = OddBlockTierMachine.TestCase
+TestOddBlockTier.settings = steps(100)
