@@ -9,6 +9,10 @@ The path follows the tensors' device: Triton on GPUs; on CPUs the C++ kernel of 
 tensors, ``triton`` Triton (on CPU tensors that needs ``TRITON_INTERPRET=1`` set before Triton is
 imported, which is how CI tests the kernels). The Triton modules are imported only when first
 used.
+
+Sliding windows (``window=W``: the token at position p sees positions ``p - W + 1 .. p``, as
+transformers' Mistral masks them) run on every path. No path reads the blocks wholly before a
+query's window, so a caller may put any block id there (say, of a block it has released).
 """
 
 from __future__ import annotations
@@ -82,18 +86,22 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, cache
 
 
 def plan_decode(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: PagedKV, q: torch.Tensor
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cache: PagedKV,
+    q: torch.Tensor,
+    window: int | None = None,
 ) -> AttentionPlan | None:
     """Per-batch work that every layer's ``decode_attention`` would repeat (CPU paths only).
 
-    Build it once per forward pass (``q`` is any layer's queries, for the path's choice) and
-    pass it to each layer's call as ``plan=``.
+    Build it once per forward pass and window (``q`` is any layer's queries, for the path's
+    choice) and pass it to each call with that window as ``plan=``.
     """
     if use_triton(q):
         return None
     if use_native(q, cache):
-        return native.plan_decode(block_tables, seq_lens)
-    return reference.plan_decode(block_tables, seq_lens, cache)
+        return native.plan_decode(block_tables, seq_lens, window)
+    return reference.plan_decode(block_tables, seq_lens, cache, window)
 
 
 def plan_extend(
@@ -101,6 +109,7 @@ def plan_extend(
     host_lens: tuple[Sequence[int], Sequence[int]],
     cache: PagedKV,
     q: torch.Tensor,
+    window: int | None = None,
 ) -> native.NativePlan | None:
     """The native kernel's plan for an extend whose new K/V are stored, or None where another
     path runs it (a GPU, the torch path, sequences longer than ``NATIVE_EXTEND_MAX_TOKENS``)."""
@@ -109,7 +118,7 @@ def plan_extend(
         return None
     if use_triton(q) or not use_native(q, cache):
         return None
-    return native.plan_extend(block_tables, prefix_lens, extend_lens)
+    return native.plan_extend(block_tables, prefix_lens, extend_lens, window)
 
 
 def decode_attention(
@@ -119,17 +128,22 @@ def decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     plan: AttentionPlan | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence (``q`` ``[batch, heads, dim]``) over its cache."""
+    """Attention of one new token per sequence (``q`` ``[batch, heads, dim]``) over its cache,
+    its last ``window`` tokens only when a window is given (``plan`` must share it)."""
     if use_triton(q):
         from radixlang.kernels import triton_decode_attention
 
-        return triton_decode_attention.decode_attention(q, cache, block_tables, seq_lens, scale)
+        return triton_decode_attention.decode_attention(
+            q, cache, block_tables, seq_lens, scale, window=window
+        )
     if isinstance(plan, native.NativePlan):
         return native.paged_attention(q, cache, plan, scale)
     if plan is None and use_native(q, cache):
-        return native.paged_attention(q, cache, native.plan_decode(block_tables, seq_lens), scale)
-    return reference.decode_attention(q, cache, block_tables, seq_lens, scale, plan)
+        plan = native.plan_decode(block_tables, seq_lens, window)
+        return native.paged_attention(q, cache, plan, scale)
+    return reference.decode_attention(q, cache, block_tables, seq_lens, scale, plan, window)
 
 
 def extend_attention(
@@ -143,12 +157,15 @@ def extend_attention(
     scale: float,
     host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
     plan: native.NativePlan | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Packed new tokens attend to their cached prefix and causally to each other.
+    """Packed new tokens attend to their cached prefix and causally to each other; with a
+    ``window``, to the last ``window`` positions up to their own only.
 
     ``host_lens`` (the prefix and extend lengths as Python ints) saves reading them back from
-    the device, a synchronisation per call on a GPU. ``plan`` (from ``plan_extend``, which
-    requires the new tokens' K/V already stored in ``cache``) runs it on the native kernel.
+    the device, a synchronisation per call on a GPU. ``plan`` (from ``plan_extend`` with the
+    same window, which requires the new tokens' K/V already stored in ``cache``) runs it on the
+    native kernel.
     """
     if plan is not None:
         return native.paged_attention(q, cache, plan, scale)
@@ -156,5 +173,5 @@ def extend_attention(
     if use_triton(q):
         from radixlang.kernels import triton_extend_attention
 
-        return triton_extend_attention.extend_attention(*args, host_lens=host_lens)
-    return reference.extend_attention(*args, host_lens=host_lens)
+        return triton_extend_attention.extend_attention(*args, host_lens=host_lens, window=window)
+    return reference.extend_attention(*args, host_lens=host_lens, window=window)

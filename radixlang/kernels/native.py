@@ -33,7 +33,7 @@ def _library() -> ctypes.CDLL:
     lib = native_build.load("paged_attention")
     fn = lib.radixlang_paged_attention
     p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-    fn.argtypes = [p, i, p, p, i, p, i64, p, p, i, p, i, i, i, i, f, i, i]
+    fn.argtypes = [p, i, p, p, i, p, i64, p, p, p, i, p, i, i, i, i, f, i, i]
     fn.restype = ctypes.c_int
     return lib
 
@@ -65,34 +65,42 @@ def supports(q: torch.Tensor, cache: PagedKV) -> bool:
 
 @dataclass(frozen=True)
 class NativePlan:
-    """What the kernel needs besides the tensors: per query its row of the block tables and how
-    many cached tokens it sees; built once per forward and shared by every layer."""
+    """What the kernel needs besides the tensors: per query its row of the block tables, how
+    many cached tokens it sees and, under a sliding window, the first of them it sees; built
+    once per forward and shared by every layer of that window."""
 
     block_tables: torch.Tensor  # int32, contiguous
     q_seq: torch.Tensor  # [queries] int32
     q_len: torch.Tensor  # [queries] int32
+    q_start: torch.Tensor | None = None  # [queries] int32; None: every query sees from 0
 
 
-def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor) -> NativePlan:
-    """One query per sequence, seeing all ``seq_lens[i]`` of its tokens."""
+def plan_decode(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, window: int | None = None
+) -> NativePlan:
+    """One query per sequence, seeing its ``seq_lens[i]`` tokens (the last ``window`` only)."""
     rows = torch.arange(block_tables.shape[0], dtype=torch.int32)
-    return NativePlan(_int32(block_tables), rows, _int32(seq_lens))
+    lens = _int32(seq_lens)
+    start = None if window is None else (lens - window).clamp_(min=0).to(torch.int32)
+    return NativePlan(_int32(block_tables), rows, lens, start)
 
 
 def plan_extend(
-    block_tables: torch.Tensor, prefix_lens: Sequence[int], extend_lens: Sequence[int]
+    block_tables: torch.Tensor,
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    window: int | None = None,
 ) -> NativePlan:
-    """Sequence i's ``extend_lens[i]`` new tokens, the j-th seeing ``prefix_lens[i] + j + 1``."""
+    """Sequence i's ``extend_lens[i]`` new tokens, the j-th seeing ``prefix_lens[i] + j + 1``
+    tokens (the last ``window`` of them only)."""
     seq: list[int] = []
     length: list[int] = []
     for row, (prefix, n) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
         seq += [row] * n
         length += range(prefix + 1, prefix + n + 1)
-    return NativePlan(
-        _int32(block_tables),
-        torch.tensor(seq, dtype=torch.int32),
-        torch.tensor(length, dtype=torch.int32),
-    )
+    lens = torch.tensor(length, dtype=torch.int32)
+    start = None if window is None else (lens - window).clamp_(min=0).to(torch.int32)
+    return NativePlan(_int32(block_tables), torch.tensor(seq, dtype=torch.int32), lens, start)
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +128,7 @@ def paged_attention(
         plan.block_tables.stride(0),
         plan.q_seq.data_ptr(),
         plan.q_len.data_ptr(),
+        None if plan.q_start is None else plan.q_start.data_ptr(),
         queries,
         out.data_ptr(),
         heads,

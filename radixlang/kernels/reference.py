@@ -59,16 +59,35 @@ class DecodePlan:
 
     rows: torch.Tensor  # the blocks to gather, row after row, long
     num_blocks: int  # blocks gathered per sequence
-    visible: torch.Tensor  # [batch, num_blocks * block_size] bool: slot holds a real token
+    visible: torch.Tensor  # [batch, num_blocks * block_size] bool: slot holds a visible token
     additive_mask: torch.Tensor  # the same as 0 / -inf in the cache's dtype, [batch, 1, 1, len]
 
 
-def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: PagedKV) -> DecodePlan:
+def plan_decode(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, cache: PagedKV, window: int | None = None
+) -> DecodePlan:
+    """The gather rows and mask of a decode batch.
+
+    With a ``window`` each row sees its last ``window`` tokens only, and only the blocks that
+    hold them are gathered: entries before them (blocks a request has released) are never read.
+    """
     lens = seq_lens.to(torch.long)
-    num_blocks = -(-int(lens.max()) // cache.block_size)
-    rows = block_tables[:, :num_blocks].reshape(-1).to(torch.long)
-    slots = torch.arange(num_blocks * cache.block_size, device=lens.device)
-    visible = slots[None, :] < lens[:, None]
+    bs = cache.block_size
+    if window is None:
+        num_blocks = -(-int(lens.max()) // bs)
+        rows = block_tables[:, :num_blocks].reshape(-1).to(torch.long)
+        slots = torch.arange(num_blocks * bs, device=lens.device)
+        visible = slots[None, :] < lens[:, None]
+    else:
+        first = (lens - window).clamp(min=0)  # each row's first visible position
+        first_block = first // bs
+        num_blocks = int(((lens - 1) // bs - first_block).max()) + 1
+        index = first_block[:, None] + torch.arange(num_blocks, device=lens.device)
+        # Rows that need fewer blocks read their last entry again, masked.
+        index = index.clamp(max=block_tables.shape[1] - 1)
+        rows = block_tables.to(torch.long).gather(1, index).reshape(-1)
+        slots = first_block[:, None] * bs + torch.arange(num_blocks * bs, device=lens.device)
+        visible = (slots < lens[:, None]) & (slots >= first[:, None])
     additive = torch.zeros(visible.shape, dtype=cache.k.dtype, device=lens.device)
     additive.masked_fill_(~visible, float("-inf"))
     return DecodePlan(rows, num_blocks, visible, additive[:, None, None, :])
@@ -81,15 +100,18 @@ def decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     plan: DecodePlan | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its ``seq_lens[i]`` cached tokens.
+    """One query token per sequence over its ``seq_lens[i]`` cached tokens (the last
+    ``window`` of them under a sliding window).
 
     ``q`` is ``[batch, heads, head_dim]``; the new token's own K/V must already be stored.
     Grouped-query attention: query head ``h`` reads KV head ``h // (heads // kv_heads)``.
-    ``plan`` (from ``plan_decode``) saves recomputing the batch's gather rows and mask per layer.
+    ``plan`` (from ``plan_decode``, with the same window) saves recomputing the batch's gather
+    rows and mask per layer.
     """
     if plan is None:
-        plan = plan_decode(block_tables, seq_lens, cache)
+        plan = plan_decode(block_tables, seq_lens, cache, window)
     batch = q.shape[0]
     per_sequence = 2 * plan.num_blocks * cache.block_size * cache.kv_heads * cache.head_dim
     step = max(1, DECODE_CHUNK_BYTES // (per_sequence * cache.k.element_size()))
@@ -168,12 +190,15 @@ def extend_attention(
     extend_lens: torch.Tensor,
     scale: float,
     host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """New tokens attend to their sequence's cached prefix and causally to each other.
 
     ``q`` ``[tokens, heads, dim]`` and ``k_new``/``v_new`` ``[tokens, kv_heads, dim]`` hold the
     sequences' new tokens packed back to back, ``extend_lens[i]`` of them for sequence ``i``,
     whose first ``prefix_lens[i]`` tokens are read from ``cache`` through ``block_tables[i]``.
+    With a ``window``, the token at position p sees positions ``p - window + 1 .. p`` only, and
+    the prefix blocks before the first new token's window are never read.
     """
     out = torch.empty_like(q)
     start = 0
@@ -185,13 +210,24 @@ def extend_attention(
             continue
         ki, vi = k_new[start:end], v_new[start:end]
         mask = None
-        if prefix:
-            kp, vp = gather_sequence_kv(cache, block_tables[row : row + 1], prefix)
-            ki = torch.cat([kp[0, :prefix].to(ki.dtype), ki])
-            vi = torch.cat([vp[0, :prefix].to(vi.dtype), vi])
+        # The first cached position any new token sees.
+        first = 0 if window is None else max(0, prefix - window + 1)
+        if prefix > first:
+            b0 = first // cache.block_size
+            table = block_tables[row : row + 1, b0:]
+            kp, vp = gather_sequence_kv(cache, table, prefix - b0 * cache.block_size)
+            lo, hi = first - b0 * cache.block_size, prefix - b0 * cache.block_size
+            ki = torch.cat([kp[0, lo:hi].to(ki.dtype), ki])
+            vi = torch.cat([vp[0, lo:hi].to(vi.dtype), vi])
+        keys = prefix - first + length  # keys[t] is position first + t
+        if window is not None and prefix + length > window:
+            query_pos = torch.arange(prefix, prefix + length, device=q.device)[:, None]
+            key_pos = torch.arange(first, prefix + length, device=q.device)[None, :]
+            mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
+        elif keys > length:
             # Every new token sees the whole prefix, and the new tokens up to itself.
-            mask = torch.ones(length, prefix + length, dtype=torch.bool, device=q.device)
-            mask[:, prefix:] = torch.ones(length, length, device=q.device).tril().bool()
+            mask = torch.ones(length, keys, dtype=torch.bool, device=q.device)
+            mask[:, keys - length :] = torch.ones(length, length, device=q.device).tril().bool()
         # 4-d [1, heads, length, dim] views: CPU flash attention takes nothing else (3-d inputs
         # fall back to the unfused math path, about 2x slower at 512 tokens).
         attn = F.scaled_dot_product_attention(

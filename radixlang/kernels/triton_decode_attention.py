@@ -11,6 +11,10 @@ in one partition, stage 1 writes the final output itself and stage 2 is skipped.
 K/V tiles are ``BLOCKS_PER_TILE`` cache blocks, each padded to ``BLOCK_PAD`` (a power of two)
 rows; padding rows are masked, which is how block sizes such as 5 or 3 work. The same tile
 helpers serve the cached prefix in ``extend_attention``.
+
+A sliding window (``window=W``: the token at position p sees ``p - W + 1 .. p``) starts each
+sequence's walk at the block holding its window's first token: partitions and blocks before it
+are never read, and the reduce skips their partitions.
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ def attend_paged_tiles(
     first_block,
     end_block,
     seq_len,
+    row_first,
     kv_head,
     qk_scale,
     d,
@@ -150,11 +155,13 @@ def attend_paged_tiles(
     BLOCKS_PER_TILE: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     """Fold blocks ``first_block .. end_block`` of a sequence into a base-2 online softmax.
 
-    ``q`` is a ``[rows, DIM_PAD]`` tile whose scores are all visible (no causal mask); the
-    running max ``m_i``, sum ``l_i`` and output ``acc`` come back updated.
+    ``q`` is a ``[rows, DIM_PAD]`` tile whose scores are all visible (no causal mask) or, when
+    ``WINDOWED``, visible from position ``row_first[row]`` on (a row may then see none of a
+    tile); the running max ``m_i``, sum ``l_i`` and output ``acc`` come back updated.
     """
     kv_base = kv_head * HEAD_DIM
     SLOT_STRIDE: tl.constexpr = KV_HEADS * HEAD_DIM
@@ -168,8 +175,16 @@ def attend_paged_tiles(
             other=0.0,
         )
         s = mm(q, k_t, UPCAST, PRECISION) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
+        if WINDOWED:
+            r = tl.arange(0, BLOCKS_PER_TILE * BLOCK_PAD)
+            pos = (tile_first + r // BLOCK_PAD) * BLOCK_SIZE + r % BLOCK_PAD
+            s = tl.where(valid[None, :] & (pos[None, :] >= row_first[:, None]), s, float("-inf"))
+        else:
+            s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
+        if WINDOWED:
+            # A row that has seen nothing yet keeps max -inf: shift by 0 instead (no inf - inf).
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -195,6 +210,7 @@ def _decode_partition_kernel(
     part_lse_ptr,
     qk_scale,
     max_blocks,
+    window,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -218,6 +234,7 @@ def _decode_partition_kernel(
     DIRECT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -227,6 +244,10 @@ def _decode_partition_kernel(
     seq_blocks = tl.minimum((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE, max_blocks)
     first_block = part * PARTITION_BLOCKS
     end_block = tl.minimum(first_block + PARTITION_BLOCKS, seq_blocks)
+    seq_first = 0  # the first visible position
+    if WINDOWED:
+        seq_first = tl.maximum(seq_len - window, 0)
+        first_block = tl.maximum(first_block, seq_first // BLOCK_SIZE)
     if not DIRECT and end_block <= first_block:
         return  # a short sequence leaves its later partitions empty; the reduce skips them
 
@@ -246,10 +267,11 @@ def _decode_partition_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    row_first = tl.zeros([GROUP_PAD], tl.int32) + seq_first
     m_i, l_i, acc = attend_paged_tiles(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, first_block, end_block,
-        seq_len, kv_head, qk_scale, d, dim_ok, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_PAD,
-        BLOCKS_PER_TILE, UPCAST, PRECISION,
+        seq_len, row_first, kv_head, qk_scale, d, dim_ok, KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+        BLOCK_PAD, BLOCKS_PER_TILE, UPCAST, PRECISION, WINDOWED,
     )  # fmt: skip
 
     store_mask = head_ok[:, None] & dim_ok[None, :]
@@ -275,6 +297,7 @@ def _decode_reduce_kernel(
     seq_lens_ptr,
     out_ptr,
     max_blocks,
+    window,
     stride_pb,
     stride_ph,
     stride_pp,
@@ -287,13 +310,17 @@ def _decode_reduce_kernel(
     BLOCK_SIZE: tl.constexpr,
     PARTITION_BLOCKS: tl.constexpr,
     PARTS: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # Only the partitions stage 1 filled (as it counts them); later ones hold garbage.
+    # Only the partitions stage 1 filled (as it counts them); others hold garbage.
     seq_blocks = tl.minimum((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE, max_blocks)
     num_parts = (seq_blocks + PARTITION_BLOCKS - 1) // PARTITION_BLOCKS
+    first_part = 0
+    if WINDOWED:  # those wholly before the window are empty; the first step holds a real one
+        first_part = tl.maximum(seq_len - window, 0) // BLOCK_SIZE // PARTITION_BLOCKS
     d = tl.arange(0, DIM_PAD)
     dim_ok = d < HEAD_DIM
     part_row = part_out_ptr + seq.to(tl.int64) * stride_pb + head * stride_ph
@@ -302,7 +329,7 @@ def _decode_reduce_kernel(
     m = float("-inf")
     total = 0.0
     acc = tl.zeros([DIM_PAD], tl.float32)
-    for first in range(0, num_parts, PARTS):
+    for first in range(first_part, num_parts, PARTS):
         parts = first + tl.arange(0, PARTS)
         part_ok = parts < num_parts
         lse = tl.load(lse_row + parts, mask=part_ok, other=float("-inf"))
@@ -334,8 +361,10 @@ def decode_attention(
     scale: float,
     *,
     partition_tokens: int = DEFAULT_PARTITION_TOKENS,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its ``seq_lens[i]`` cached tokens (Triton path).
+    """One query token per sequence over its ``seq_lens[i]`` cached tokens, the last ``window``
+    of them only when a window is given (Triton path).
 
     Same contract as ``reference.decode_attention``: ``q`` ``[batch, heads, head_dim]``, the
     new token's K/V already stored, query head ``h`` reads KV head ``h // (heads // kv_heads)``.
@@ -367,6 +396,8 @@ def decode_attention(
         )
     if partition_tokens < 1:
         raise ValueError(f"partition_tokens must be positive; got {partition_tokens}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be positive; got {window}")
     out = torch.empty((batch, heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
@@ -414,6 +445,7 @@ def decode_attention(
         part_lse,
         scale * LOG2E,
         max_blocks,
+        window or 0,
         *q.stride(),
         block_tables.stride(0),
         *out.stride()[:2],
@@ -431,6 +463,7 @@ def decode_attention(
         DIRECT=direct,
         UPCAST=upcast_dots(q),
         PRECISION=dot_precision(q),
+        WINDOWED=window is not None,
         num_warps=4,
     )
     if direct:
@@ -441,6 +474,7 @@ def decode_attention(
         seq_lens,
         out,
         max_blocks,
+        window or 0,
         *p_strides,
         *l_strides,
         *out.stride()[:2],
@@ -449,6 +483,7 @@ def decode_attention(
         BLOCK_SIZE=block_size,
         PARTITION_BLOCKS=partition_blocks,
         PARTS=min(REDUCE_PARTS, next_pow2(num_parts)),
+        WINDOWED=window is not None,
         num_warps=4,
     )
     return out

@@ -6,6 +6,10 @@ mask); phase 2 walks the sequence's new tokens in ``k_new``/``v_new``, which are
 back like ``q``, with the causal mask (new token ``i`` sees new tokens ``0..i``). Both phases
 share one float32 online softmax. The prefix tiles are the padded-block tiles of
 ``paged_attention``, so block sizes that are not powers of two work by masking.
+
+With a sliding window (``window=W``: the token at position p sees ``p - W + 1 .. p``) both
+phases start at the first key the program's earliest query sees and mask per row; prefix blocks
+before that are never read.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def _extend_kernel(
     starts_ptr,
     out_ptr,
     qk_scale,
+    window,
     stride_qt,
     stride_qh,
     stride_qd,
@@ -69,6 +74,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -95,18 +101,24 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
 
-    # Phase 1: the cached prefix, all of it visible to every new token.
+    # Phase 1: the cached prefix, all of it visible to every new token (without a window).
     table_row = table_ptr + seq.to(tl.int64) * stride_tb
     prefix_blocks = (prefix_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+    first_block = 0
+    new_first = 0  # the first new token any row of this program sees
+    row_first = prefix_len + m_idx - window + 1  # each row's first visible position
+    if WINDOWED:
+        first_block = tl.maximum(prefix_len + m_block * BLOCK_M - window + 1, 0) // BLOCK_SIZE
+        new_first = tl.maximum(m_block * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
     m_i, l_i, acc = attend_paged_tiles(
-        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, 0, prefix_blocks, prefix_len,
-        kv_head, qk_scale, d, dim_ok, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_PAD,
-        BLOCKS_PER_TILE, UPCAST, PRECISION,
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, first_block, prefix_blocks,
+        prefix_len, row_first, kv_head, qk_scale, d, dim_ok, KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+        BLOCK_PAD, BLOCKS_PER_TILE, UPCAST, PRECISION, WINDOWED,
     )  # fmt: skip
 
     # Phase 2: the new tokens, causally; keys past this block's last query are never visible.
     new_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
-    for n_first in range(0, new_end, BLOCK_N):
+    for n_first in range(new_first, new_end, BLOCK_N):
         n_idx = n_first + tl.arange(0, BLOCK_N)
         n_ok = n_idx < extend_len
         rows = start + n_idx
@@ -116,10 +128,15 @@ def _extend_kernel(
             other=0.0,
         )
         s = mm(q, k_t, UPCAST, PRECISION) * qk_scale
-        # Every query row sees new token 0, so no row is ever fully masked (no -inf - -inf).
         visible = n_ok[None, :] & (n_idx[None, :] <= m_idx[:, None])
+        if WINDOWED:
+            visible = visible & (n_idx[None, :] > m_idx[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
+        if WINDOWED:
+            # A row may see none of a tile, nor anything before it: no -inf - -inf.
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # (Without a window every row sees new token 0, so none is ever fully masked.)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -131,6 +148,8 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PRECISION)
         m_i = m_new
 
+    if WINDOWED:  # rows past the sequence's end may see nothing (they are not stored)
+        l_i = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_i[:, None]
     tl.store(
         out_ptr + (start + m_idx)[:, None] * stride_ot + head * stride_oh + d[None, :],
@@ -151,8 +170,10 @@ def extend_attention(
     *,
     block_m: int | None = None,
     host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """New tokens attend to their cached prefix and causally to each other (Triton path).
+    """New tokens attend to their cached prefix and causally to each other (Triton path); with
+    a ``window``, to the last ``window`` positions up to their own only.
 
     Same contract as ``reference.extend_attention``: ``q`` ``[tokens, heads, dim]`` and
     ``k_new``/``v_new`` ``[tokens, kv_heads, dim]`` pack the sequences' new tokens back to
@@ -205,6 +226,8 @@ def extend_attention(
     block_m = block_n if block_m is None else block_m
     if block_m < MIN_DOT or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= {MIN_DOT}; got {block_m}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be positive; got {window}")
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
     # The lengths as ints: from the caller when it has them (no device sync), else read back.
     if host_lens is None:
@@ -239,6 +262,7 @@ def extend_attention(
         starts,
         out,
         scale * LOG2E,
+        window or 0,
         *q.stride(),
         *k_new.stride(),
         *v_new.stride(),
@@ -255,6 +279,7 @@ def extend_attention(
         BLOCK_N=block_n,
         UPCAST=upcast_dots(q),
         PRECISION=dot_precision(q),
+        WINDOWED=window is not None,
         # head_dim 128 in 16-bit: 8 warps keep the [64, 128] float32 accumulator in registers.
         num_warps=8 if block_m * d_pad >= 64 * 128 else 4,
         num_stages=2,

@@ -35,6 +35,22 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+# A request's block-table entry for a block it has released: under a sliding window, blocks
+# wholly before every future query's window. The entry keeps the table's indices aligned with
+# positions; it holds no reference and the kernels never read it.
+RELEASED = -1
+
+
+def dead_blocks(num_computed: int, window: int, block_size: int) -> int:
+    """How many leading blocks no query from position ``num_computed`` on can see.
+
+    The token at position p sees positions ``p - window + 1 .. p`` (transformers' Mistral
+    mask), so the next query's window starts at ``num_computed - window + 1``; a block is dead
+    once it ends at or before that.
+    """
+    return max(0, num_computed - window + 1) // block_size
+
+
 class BlockPoolError(RuntimeError):
     """A caller broke the reference-counting contract (double free, use after free, bad id)."""
 

@@ -18,7 +18,7 @@ import torch
 
 from radixlang import kernels
 from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
-from radixlang.runtime.block_pool import blocks_for
+from radixlang.runtime.block_pool import RELEASED, blocks_for, dead_blocks
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, default_kv_budget
 from radixlang.runtime.models.llama import LlamaForCausalLM
@@ -36,7 +36,9 @@ class SequenceInput:
 
     tokens: Sequence[int]  # the tokens to compute now (at least one)
     prefix_len: int  # tokens of this sequence already in the KV cache, before ``tokens``
-    block_table: Sequence[int]  # blocks covering positions 0 .. prefix_len + len(tokens) - 1
+    # Blocks covering positions 0 .. prefix_len + len(tokens) - 1. Under a sliding window the
+    # blocks wholly before the first new token's window may be RELEASED (see ``dead_blocks``).
+    block_table: Sequence[int]
     return_logprobs: bool = False  # log-probabilities of tokens[1:] (see ForwardOutput)
     top_logprobs: int = 0  # with return_logprobs: the k most likely tokens after every token
 
@@ -114,6 +116,12 @@ class ModelRunner:
         return self.model.arch.max_context
 
     @property
+    def sliding_window(self) -> int | None:
+        """The window every layer attends within (None if any layer sees all): blocks before
+        it may be released, and a sequence's context may outgrow the pool."""
+        return self.model.arch.sliding_window
+
+    @property
     def vocab_size(self) -> int:
         return self.model.arch.vocab_size
 
@@ -131,6 +139,7 @@ class ModelRunner:
             "device": str(self.device),
             "weights_bytes": self.model.num_parameter_bytes,
             "max_context": arch.max_context,
+            "sliding_window": arch.sliding_window,
             "kv_cache": self.kv.describe(),
         }
 
@@ -198,8 +207,15 @@ class ModelRunner:
                 f"{total} tokens need {needed} blocks of {self.block_size}; "
                 f"the block table has {len(seq.block_table)}"
             )
-        if any(not 0 <= b < self.num_blocks for b in seq.block_table[:needed]):
-            raise BatchError(f"block ids must lie in [0, {self.num_blocks})")
+        table = seq.block_table[:needed]
+        window = self.sliding_window
+        dead = 0 if window is None else dead_blocks(seq.prefix_len, window, self.block_size)
+        n = self.num_blocks
+        if any(b != RELEASED and not 0 <= b < n for b in table[:dead]) or any(
+            not 0 <= b < n for b in table[dead:]
+        ):
+            where = " (released ones only before the window)" if window is not None else ""
+            raise BatchError(f"block ids must lie in [0, {n}){where}")
         if any(not 0 <= t < self.vocab_size for t in seq.tokens):
             raise BatchError(f"token ids must lie in [0, {self.vocab_size})")
 
@@ -227,7 +243,9 @@ class ModelRunner:
                 tables += [0] * (width - count)
         # Ids in range, checked over the whole batch at once. (The slots were read through
         # the tables, so a bad block id may have made a bad slot: it is refused here.)
-        if min(tables) < 0 or max(tables) >= self.num_blocks:
+        if min(tables) < 0 and not self._fill_released(seqs, width, tables):
+            return None
+        if max(tables) >= self.num_blocks:
             return None
         if min(input_ids) < 0 or max(input_ids) >= self.vocab_size:
             return None
@@ -251,6 +269,23 @@ class ModelRunner:
             host_extend_lens=extend_lens,
         )
         return batch, longs[long_at[3] : long_at[3] + len(logit_rows)]
+
+    def _fill_released(self, seqs: Sequence[SequenceInput], width: int, tables: list[int]) -> bool:
+        """Point released entries of the packed ``tables`` at block 0, which the kernels never
+        read there (they start at each query's window); False if an entry is negative anywhere
+        else (or the model has no window)."""
+        window = self.sliding_window
+        if window is None:
+            return False
+        for row, seq in enumerate(seqs):
+            base = row * width
+            dead = dead_blocks(seq.prefix_len, window, self.block_size)
+            for i in range(base, base + width):
+                if tables[i] < 0:
+                    if tables[i] != RELEASED or i - base >= dead:
+                        return False
+                    tables[i] = 0
+        return True
 
     def _decode_lists(self, seqs: Sequence[SequenceInput]) -> _Lists | None:
         """For a batch of one-token sequences without logprobs, the lists :meth:`_build_batch`

@@ -61,19 +61,27 @@ def make_paged_case(
 
 
 def dense_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_positions: list[int], scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_positions: list[int],
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """``q`` ``[n, heads, dim]`` at absolute ``query_positions`` over ``k``/``v`` ``[len, kvh, d]``.
 
-    Query ``i`` sees keys ``0..query_positions[i]``; computed in float64.
+    Query ``i`` sees keys ``0..query_positions[i]``, or with a sliding ``window`` only keys
+    ``query_positions[i] - window + 1 ..`` of them (transformers' Mistral mask); computed in
+    float64.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     group = heads // kv_heads
     out = torch.empty(q.shape, dtype=torch.float64)
     for i, pos in enumerate(query_positions):
+        first = 0 if window is None else max(0, pos - window + 1)
         for h in range(heads):
-            keys = k[: pos + 1, h // group].double()
-            values = v[: pos + 1, h // group].double()
+            keys = k[first : pos + 1, h // group].double()
+            values = v[first : pos + 1, h // group].double()
             weights = torch.softmax(keys @ q[i, h].double() * scale, dim=0)
             out[i, h] = weights @ values
     return out

@@ -119,12 +119,13 @@ def test_missing_weight_is_named(tmp_path, folder):
         ModelRunner(tmp_path, num_blocks=4)
 
 
-def test_sliding_window_caps_the_context(tmp_path):
+def test_sliding_window_keeps_the_models_context(tmp_path):
     make_tiny_model("mistral", tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config["sliding_window"] = 64
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert ModelRunner(tmp_path, num_blocks=4).max_context == 64
+    runner = ModelRunner(tmp_path, num_blocks=4)
+    assert runner.max_context == 256 and runner.sliding_window == 64
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

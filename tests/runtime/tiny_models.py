@@ -21,7 +21,9 @@ COMMON = dict(
     rms_norm_eps=1e-6,
 )
 
-KINDS = ("llama", "llama3_rope", "mistral", "qwen2", "qwen3")
+KINDS = ("llama", "llama3_rope", "mistral", "mistral_window", "qwen2", "qwen2_window", "qwen3")
+# The sliding windows of the windowed kinds: short, so that tests' sequences outgrow them.
+WINDOWS = {"mistral_window": 8, "qwen2_window": 6}
 
 
 def tiny_config(kind: str, **overrides):
@@ -41,10 +43,15 @@ def tiny_config(kind: str, **overrides):
             "original_max_position_embeddings": 64,  # puts one frequency in the blended band
         }
         return LlamaConfig(**common, tie_word_embeddings=True, rope_parameters=rope)
-    if kind == "mistral":
-        return MistralConfig(**common, sliding_window=None, head_dim=16)
+    if kind in ("mistral", "mistral_window"):
+        window = WINDOWS.get(kind)
+        return MistralConfig(**({"sliding_window": window, "head_dim": 16} | common))
     if kind == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=True)
+    if kind == "qwen2_window":
+        # The window on the upper layer only (from max_window_layers up), as Qwen2 places it.
+        window = {"use_sliding_window": True, "sliding_window": WINDOWS[kind]}
+        return Qwen2Config(**(window | common), max_window_layers=1, tie_word_embeddings=True)
     if kind == "qwen3":
         # head_dim apart from hidden / heads, as in the real Qwen3 models.
         return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)

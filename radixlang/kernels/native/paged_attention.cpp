@@ -3,7 +3,9 @@
 // One entry point serves decode and extend: every query token names its sequence (a row of
 // the block tables) and how many of that sequence's cached tokens it sees (its position + 1;
 // the new tokens' own K/V are stored before attention runs). Decode is one query per sequence;
-// an extend is a run of consecutive queries of one sequence, causal by their lengths.
+// an extend is a run of consecutive queries of one sequence, causal by their lengths. A query
+// may also name its first visible token (a sliding window): tokens before it are never read, so
+// blocks a request has released may stand anywhere in the table before the window.
 //
 // Work is split into items of (tile of up to TILE queries of one sequence, KV head, token
 // range). A KV head's block is read once for every query head of its GQA group and every query
@@ -104,6 +106,7 @@ struct Problem {
     int64_t table_stride;
     const int32_t* q_seq;
     const int32_t* q_len;
+    const int32_t* q_start;  // null: every query sees its tokens from 0
     void* out;
     int heads, kv_heads, dim, block_size;
     float scale;
@@ -137,6 +140,7 @@ void attend(const Problem& p, const Item& item, Partial& r) {
     const int rows = item.num_queries * group;
     float q[MAX_ROWS * MAX_DIM];
     int limit[MAX_ROWS];  // tokens row i sees
+    int first[MAX_ROWS];  // row i's first visible token (its window's start)
     for (int t = 0; t < item.num_queries; ++t) {
         const int query = item.first_query + t;
         for (int g = 0; g < group; ++g) {
@@ -145,6 +149,7 @@ void attend(const Problem& p, const Item& item, Partial& r) {
                                   item.kv_head * group + g) * dim;
             for (int d = 0; d < dim; ++d) q[row * dim + d] = load(p.q, base + d, p.q_dtype) * p.scale;
             limit[row] = std::min(p.q_len[query], item.token_end);
+            first[row] = p.q_start ? p.q_start[query] : 0;
             r.max[row] = -FLT_MAX;
             r.sum[row] = 0.0f;
         }
@@ -209,10 +214,11 @@ void attend(const Problem& p, const Item& item, Partial& r) {
         for (int row = 0; row < rows; ++row) {
             float* __restrict w = scores[row];
             const int n = std::min(end, limit[row]) - start;
-            if (n <= 0) continue;  // the row sees none of these tokens (a causal tile)
+            const int j0 = std::max(0, first[row] - start);
+            if (n <= j0) continue;  // the row sees none of these tokens (causal or windowed)
             float* __restrict acc = r.acc + row * dim;
             float chunk_max = r.max[row];
-            for (int j = 0; j < n; ++j) chunk_max = std::max(chunk_max, w[j]);
+            for (int j = j0; j < n; ++j) chunk_max = std::max(chunk_max, w[j]);
             if (chunk_max > r.max[row]) {
                 const float factor = std::exp(r.max[row] - chunk_max);
                 r.sum[row] *= factor;
@@ -222,13 +228,13 @@ void attend(const Problem& p, const Item& item, Partial& r) {
             }
             float total = 0.0f;
 #pragma omp simd reduction(+ : total)
-            for (int j = 0; j < n; ++j) {
+            for (int j = j0; j < n; ++j) {
                 const float e = std::exp(w[j] - chunk_max);
                 w[j] = e;
                 total += e;
             }
             r.sum[row] += total;
-            int j = 0;
+            int j = j0;
             for (; j + 2 <= n; j += 2) {
                 const float* __restrict v0 = v_rows[j];
                 const float* __restrict v1 = v_rows[j + 1];
@@ -306,20 +312,23 @@ int radixlang_tile() { return TILE; }
 // q and out: [num_queries, heads, dim] contiguous (q_dtype); k_cache, v_cache:
 // [num_blocks, block_size, kv_heads, dim] contiguous (kv_dtype); block_tables: int32 rows of
 // `table_stride`; q_seq[i]: query i's row in the block tables; q_len[i]: how many cached tokens
-// query i sees. Consecutive queries of one sequence are tiled together. `split_tokens` > 0
+// query i sees; q_start[i] (or null for 0): query i's first visible token, non-decreasing along
+// a sequence's consecutive queries. Consecutive queries of one sequence are tiled together.
+// `split_tokens` > 0
 // splits single-query tiles whose length exceeds it (when the tiles alone would leave threads
 // idle). Returns 0, or -1 on arguments outside the limits.
 int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
                               const void* v_cache, int kv_dtype, const int32_t* block_tables,
                               int64_t table_stride, const int32_t* q_seq, const int32_t* q_len,
-                              int num_queries, void* out, int heads, int kv_heads, int dim,
+                              const int32_t* q_start, int num_queries, void* out, int heads, int kv_heads, int dim,
                               int block_size, float scale, int threads, int split_tokens) {
     if (heads % kv_heads != 0 || dim > MAX_DIM || dim <= 0 || block_size <= 0) return -1;
     const int group = heads / kv_heads;
     const int tile = std::max(1, std::min(TILE, MAX_ROWS / group));
     if (group > MAX_ROWS) return -1;
-    Problem p{q,      q_dtype, k_cache,  v_cache, block_tables, table_stride, q_seq,
-              q_len,  out,     heads,    kv_heads, dim,         block_size,   scale};
+    Problem p{q,       q_dtype, k_cache, v_cache,  block_tables, table_stride,
+              q_seq,   q_len,   q_start, out,      heads,        kv_heads,
+              dim,     block_size, scale};
 
     // Tiles: runs of consecutive queries of one sequence.
     std::vector<Item> items;
@@ -339,21 +348,30 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
     int num_partials = 0;
     for (const auto& [first, n] : tiles) {
         int length = 0;
-        for (int t = first; t < first + n; ++t) length = std::max(length, q_len[t]);
+        int begin = q_start ? q_start[first] : 0;  // the tile's first visible token
+        for (int t = first; t < first + n; ++t) {
+            length = std::max(length, q_len[t]);
+            if (q_start) begin = std::min(begin, q_start[t]);
+        }
+        begin = std::max(0, std::min(begin, length));
         int parts = 1;
-        if (split && n == 1 && length > split_tokens) parts = (length + split_tokens - 1) / split_tokens;
+        if (split && n == 1 && length - begin > split_tokens)
+            parts = (length - begin + split_tokens - 1) / split_tokens;
         for (int h = 0; h < kv_heads; ++h) {
             if (parts == 1) {
-                items.push_back({first, n, h, 0, length, -1});
+                items.push_back({first, n, h, begin, length, -1});
                 continue;
             }
-            // Ranges of whole blocks, so that each item starts on a block boundary.
-            const int blocks = (length + block_size - 1) / block_size;
+            // Ranges of whole blocks, so that each item after the first starts on a block
+            // boundary; the first starts at the window.
+            const int first_block = begin / block_size;
+            const int blocks = (length + block_size - 1) / block_size - first_block;
             const int per = (blocks + parts - 1) / parts;
             int made = 0;
             for (int b = 0; b < blocks; b += per) {
-                const int end = std::min(length, (b + per) * block_size);
-                items.push_back({first, n, h, b * block_size, end, num_partials + made});
+                const int from = std::max(begin, (first_block + b) * block_size);
+                const int end = std::min(length, (first_block + b + per) * block_size);
+                items.push_back({first, n, h, from, end, num_partials + made});
                 ++made;
             }
             merges.push_back({first, n, h, num_partials, made});

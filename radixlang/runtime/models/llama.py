@@ -2,8 +2,9 @@
 
 One implementation covers them: RMSNorm, rotary embeddings (default, linear, llama3 scaling),
 grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3),
-tied or separate output embeddings. Weights are plain tensors (q/k/v and gate/up fused into one
-matmul each) read from a Hugging Face safetensors folder.
+tied or separate output embeddings, sliding-window attention (Mistral; Qwen2/3 with
+``use_sliding_window`` on their upper layers). Weights are plain tensors (q/k/v and gate/up fused
+into one matmul each) read from a Hugging Face safetensors folder.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from radixlang.runtime.models.linear import Int8Linear, Linear, make_linear
 from radixlang.runtime.models.rope import apply_rotary, cos_sin, inverse_frequencies
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Those whose transformers implementation applies a config's sliding window.
+WINDOWED_MODEL_TYPES = ("mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class LlamaArch:
     max_context: int
     qk_norm: bool  # Qwen3: RMSNorm over each head's q and k before the rotation
     tie_word_embeddings: bool
+    # Per layer: the sliding window (the token at position p sees p - W + 1 .. p), or None
+    # for full attention. Empty means full attention everywhere.
+    layer_windows: tuple[int | None, ...] = ()
 
     @classmethod
     def from_config(cls, config: Any) -> LlamaArch:
@@ -60,10 +66,6 @@ class LlamaArch:
         rope = dict(getattr(config, "rope_parameters", None) or {})
         rope.setdefault("rope_theta", float(getattr(config, "rope_theta", 10000.0)))
         max_context = int(config.max_position_embeddings)
-        window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True):
-            # Positions beyond the window would attend differently; refuse them instead.
-            max_context = min(max_context, int(window))
         return cls(
             model_type=model_type,
             vocab_size=int(config.vocab_size),
@@ -78,11 +80,49 @@ class LlamaArch:
             max_context=max_context,
             qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            layer_windows=_layer_windows(config),
         )
 
     @property
     def kv_shape(self) -> KVShape:
         return KVShape(self.num_layers, self.num_kv_heads, self.head_dim)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window every layer attends within, or None when any layer sees everything:
+        positions before it are never read again, so their KV blocks may be released."""
+        windows = set(self.layer_windows)
+        if not windows or None in windows:
+            return None
+        return max(windows)  # type: ignore[type-var]
+
+    def window_of(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+
+def _layer_windows(config: Any) -> tuple[int | None, ...]:
+    """Each layer's sliding window, as transformers applies them.
+
+    Mistral windows every layer (``sliding_window`` set, no ``layer_types``); Qwen2/3 set
+    ``sliding_window`` only under ``use_sliding_window`` and window the layers ``layer_types``
+    marks ``sliding_attention`` (from ``max_window_layers`` up).
+    """
+    window = getattr(config, "sliding_window", None)
+    if not window or not getattr(config, "use_sliding_window", True):
+        return ()
+    if getattr(config, "model_type", None) not in WINDOWED_MODEL_TYPES:
+        return ()  # transformers' Llama ignores a sliding_window its config may carry
+    layers = int(config.num_hidden_layers)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return (int(window),) * layers
+    if len(types) != layers:
+        raise UnsupportedModelError(f"layer_types has {len(types)} entries for {layers} layers")
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise UnsupportedModelError(f"layer types {sorted(unknown)} are not supported")
+    windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
+    return windows if any(w is not None for w in windows) else ()
 
 
 @dataclass
@@ -203,7 +243,8 @@ class LlamaForCausalLM:
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         eps = arch.rms_norm_eps
 
-        plans: _AttentionPlans | None = None
+        # Once per forward and window: every layer of that window shares them.
+        plans: dict[int | None, _AttentionPlans] = {}
         residual = F.embedding(batch.input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             normed = _rms_norm(residual, layer.input_norm, eps)
@@ -222,9 +263,11 @@ class LlamaForCausalLM:
                 k = apply_rotary(k, cos, sin)
             cache = kv.layers[i]
             kernels.store_kv(k, v, batch.slot_mapping, cache)
-            if plans is None:  # once per forward: every layer's attention shares them
-                plans = _AttentionPlans.build(batch, cache, q)
-            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, plans)
+            window = arch.window_of(i)
+            plan = plans.get(window)
+            if plan is None:
+                plan = plans[window] = _AttentionPlans.build(batch, cache, q, window)
+            attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, plan)
             residual = residual + layer.o(attn.view(tokens, q_width))
             normed = _rms_norm(residual, layer.post_norm, eps)
             gate, up = layer.gate_up(normed).chunk(2, dim=-1)
@@ -245,7 +288,7 @@ class LlamaForCausalLM:
     ) -> torch.Tensor:
         s = n_ext_seqs
         host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
-        decode_plan = plans.decode
+        decode_plan, window = plans.decode, plans.window
         if n_ext_seqs == batch.num_seqs:
             return kernels.extend_attention(
                 q,
@@ -258,10 +301,11 @@ class LlamaForCausalLM:
                 self.scale,
                 host_lens,
                 plans.extend,
+                window=window,
             )
         if n_ext_seqs == 0:
             return kernels.decode_attention(
-                q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan
+                q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan, window
             )
         out = torch.empty_like(q)
         out[:n_ext] = kernels.extend_attention(
@@ -275,35 +319,50 @@ class LlamaForCausalLM:
             self.scale,
             host_lens,
             plans.extend,
+            window=window,
         )
         out[n_ext:] = kernels.decode_attention(
-            q[n_ext:], cache, batch.block_tables[s:], batch.seq_lens[s:], self.scale, decode_plan
+            q[n_ext:],
+            cache,
+            batch.block_tables[s:],
+            batch.seq_lens[s:],
+            self.scale,
+            decode_plan,
+            window,
         )
         return out
 
 
 @dataclass(frozen=True)
 class _AttentionPlans:
-    """The kernels' per-batch plans, made at the first layer and shared by all."""
+    """The kernels' per-batch plans for one sliding window (or none), made at the first layer
+    of that window and shared by all its layers."""
 
     decode: kernels.AttentionPlan | None
     extend: kernels.NativePlan | None  # set where the native kernel runs the extends
+    window: int | None
 
     @classmethod
-    def build(cls, batch: ForwardBatch, cache: kernels.PagedKV, q: torch.Tensor) -> _AttentionPlans:
+    def build(
+        cls, batch: ForwardBatch, cache: kernels.PagedKV, q: torch.Tensor, window: int | None
+    ) -> _AttentionPlans:
         s = batch.num_extend_seqs
         decode = extend = None
         if s < batch.num_seqs:
             decode = kernels.plan_decode(
-                batch.block_tables[s:], batch.seq_lens[s:], cache, q[batch.num_extend_tokens :]
+                batch.block_tables[s:],
+                batch.seq_lens[s:],
+                cache,
+                q[batch.num_extend_tokens :],
+                window,
             )
         if s > 0:
             # The layer stores the new tokens' K/V before attention, as the native plan needs.
             host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
             extend = kernels.plan_extend(
-                batch.block_tables[:s], host_lens, cache, q[: batch.num_extend_tokens]
+                batch.block_tables[:s], host_lens, cache, q[: batch.num_extend_tokens], window
             )
-        return cls(decode, extend)
+        return cls(decode, extend, window)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
