@@ -1,9 +1,9 @@
 """radixlang: run LLM programs on a local engine with a radix prefix cache, serve a model over
 HTTP, and measure both.
 
-Commands that make an engine (generate, serve, run, repl) read one configuration: a TOML file
-with [engine] and [server] tables (--config FILE, or $RADIXLANG_CONFIG), under the flags given.
-`radixlang config --print` shows the result."""
+Commands that make an engine (generate, serve, run, repl, memory) read one configuration: a TOML
+file with [engine] and [server] tables (--config FILE, or $RADIXLANG_CONFIG), under the flags
+given. `radixlang config --print` shows the result."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlang.bench_catalog import BenchmarkError
 from radixlang.config import (
@@ -39,6 +39,9 @@ from radixlang.models import (
     UnsupportedModelError,
     load_model_files,
 )
+
+if TYPE_CHECKING:
+    from radixlang.runtime.memory_report import MemoryReport
 
 API_KEY_ENV = "RADIXLANG_API_KEY"
 HELP_WIDTH = 88  # descriptions are wrapped here: examples keep their own lines
@@ -211,6 +214,99 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _cmd_memory(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # a bad file fails before torch loads
+    from radixlang.runtime.memory_report import MemoryReport
+
+    if args.url:
+        api_key = config["server.api_key"] or os.environ.get(API_KEY_ENV)
+        try:
+            data = _fetch_memory(args.url, api_key)
+        except RuntimeError as e:
+            print(f"radixlang memory: {e}", file=sys.stderr)
+            return 2
+        report = MemoryReport.from_dict(data)
+        where = f"the server at {args.url}"
+    else:
+        from radixlang.runtime.engine import RequestError
+
+        try:
+            report, where = _memory_workload(config, args.max_new_tokens)
+        except RequestError as e:
+            print(f"radixlang memory: {e}", file=sys.stderr)
+            return 2
+        data = report.to_dict()
+    if args.png:
+        report.save_png(args.png)
+        print(f"wrote {args.png}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(f"{where}:\n{report.render_text()}")
+    return 0
+
+
+def _fetch_memory(url: str, api_key: str | None) -> dict[str, Any]:
+    """A radixlang server's ``GET /memory``; RuntimeError says why it could not be read."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url.rstrip("/") + "/memory", headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        raise RuntimeError(f"cannot reach {url}: {e}") from None
+    if response.status_code != 200:
+        raise RuntimeError(
+            f"{url}/memory answered HTTP {response.status_code} (a radixlang server has it): "
+            f"{response.text[:200]}"
+        )
+    return response.json()
+
+
+# The built-in workload of `radixlang memory`: questions after one shared few-shot prompt, and
+# one prompt sampled several times (a fork, SGLang's n > 1).
+_FEW_SHOT = (
+    "You answer questions about geography in one short sentence.\n"
+    "Q: What is the capital of France?\nA: Paris is the capital of France.\n"
+    "Q: Which river flows through Cairo?\nA: The Nile flows through Cairo.\n"
+    "Q: On which continent is Peru?\nA: Peru is in South America.\n"
+)
+_QUESTIONS = (
+    "What is the capital of Japan?",
+    "Which ocean lies west of Portugal?",
+    "What is the largest desert in Africa?",
+    "Which country has the city of Toronto?",
+)
+_FORKS = 3
+
+
+def _memory_workload(config: Config, max_new_tokens: int) -> tuple[MemoryReport, str]:
+    """Run the built-in workload on a local engine, stepping it here, and report the step with
+    the most requests decoding (none left prefilling), or the idle engine if none had any."""
+    from radixlang.runtime.engine import Engine
+
+    greedy = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    with Engine(**_engine_kwargs(config), background=False) as eng:
+        for question in _QUESTIONS:
+            eng.submit(f"{_FEW_SHOT}Q: {question}\nA:", greedy)
+        fork = f"{_FEW_SHOT}Q: Name three rivers of Europe.\nA:"
+        for seed in range(_FORKS):
+            eng.submit(fork, {**greedy, "temperature": 0.8, "seed": seed})
+        report, decoding = None, 0
+        while eng.step():
+            running = eng.scheduler.running
+            if len(running) > decoding and not any(r.is_prefilling for r in running):
+                report, decoding = eng.memory_report(), len(running)
+        if report is None:
+            report = eng.memory_report()
+        total = len(_QUESTIONS) + _FORKS
+        when = f"while {decoding} of them decode" if decoding else "after they finished"
+        return report, (
+            f"a local engine ({eng.files.name}), {total} requests sharing a few-shot prompt "
+            f"({_FORKS} samples of one), {when}"
+        )
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from radixlang.bench_catalog import find_benchmark, list_benchmarks, run_benchmark
 
@@ -378,6 +474,35 @@ def _add_bench(sub: Any) -> None:
     p.set_defaults(func=_cmd_bench)
 
 
+def _add_memory(sub: Any) -> None:
+    p = _subcommand(
+        sub,
+        "memory",
+        "show where the KV memory goes (blocks, live tokens, sharing, tier)",
+        "Show where the KV memory goes: blocks free or held by the radix cache and by running "
+        "requests, live tokens against allocated slots (fragmentation), how many logical "
+        "tokens share each physical one, the host tier and the bookkeeping overhead. With "
+        "--url it reads a running server's /memory; otherwise it runs a small built-in "
+        "workload (questions after a shared few-shot prompt, one prompt sampled several "
+        "times) on a local engine and reports while the requests decode.",
+        "  radixlang memory --dtype float32 --kv-memory 64MiB\n"
+        "  radixlang memory --url http://127.0.0.1:30000 --json\n"
+        "  radixlang memory --png memory.png",
+    )
+    p.add_argument("--url", help="read the radixlang server at URL instead of a local engine")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--png", metavar="PATH", help="also draw the report into a PNG file")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=16, help="tokens per request of the workload"
+    )
+    add_config_argument(p)
+    add_engine_arguments(p)
+    (api_key,) = [s for s in SERVER_SETTINGS if s.key == "api_key"]
+    help = "the API key the --url server asks for (default: $RADIXLANG_API_KEY)"
+    add_server_arguments(p, [dataclasses.replace(api_key, help=help)])
+    p.set_defaults(func=_cmd_memory)
+
+
 def _add_config(sub: Any) -> None:
     p = _subcommand(
         sub,
@@ -446,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_serve,
         _add_repl,
         _add_bench,
+        _add_memory,
         _add_config,
         _add_models_and_info,
     ]

@@ -67,6 +67,7 @@ PURPOSES = {
     "config": "effective configuration",
     "models": "registered models",
     "info": "configuration",
+    "memory": "where the KV memory goes",
 }
 
 
