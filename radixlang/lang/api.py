@@ -51,6 +51,9 @@ def gen(
     grammar: str | None = None,
     repetition_penalty: float | None = None,
     skip_special_tokens: bool | None = None,
+    beam_width: int | None = None,
+    length_penalty: float | None = None,
+    early_stopping: bool | None = None,
 ) -> Expr:
     """Generate into variable ``name``. Unset arguments take the run's defaults (``run(...)``);
     ``choices=`` makes it a :func:`select`.
@@ -60,6 +63,11 @@ def gen(
     ``repetition_penalty`` (> 0; above 1 makes tokens already in the prompt or the output less
     likely, 1 leaves them be) and ``skip_special_tokens`` (False keeps special tokens such as
     ``<|im_end|>`` in the text; the default True drops them).
+
+    Beam search: ``beam_width=k`` (> 1, with ``temperature=0``) keeps the k best sequences and
+    returns the best, as transformers' ``num_beams``; ``length_penalty`` (default 1.0) divides
+    a finished beam's summed log-probabilities by its length to that power, and
+    ``early_stopping=True`` stops once k beams are finished.
 
     Structured output (at most one of these, or ``dtype``/``choices``): ``regex=`` (the output
     fully matches it), ``json_schema=`` (a JSON-schema dict, its JSON text, or a pydantic model
@@ -114,6 +122,9 @@ def gen(
         seed=seed,
         repetition_penalty=repetition_penalty,
         skip_special_tokens=skip_special_tokens,
+        beam_width=beam_width,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
     )
     return Gen(
         name,

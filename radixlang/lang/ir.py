@@ -70,6 +70,17 @@ class Text(Expr):
         return f"Text({self.value!r})"
 
 
+# Sampling keys that are not sent when unset, so that the backend's own default applies.
+_OPTIONAL = (
+    "seed",
+    "repetition_penalty",
+    "skip_special_tokens",
+    "beam_width",
+    "length_penalty",
+    "early_stopping",
+)
+
+
 @dataclasses.dataclass
 class SamplingDefaults:
     """A program run's defaults for every gen call (the keyword arguments of ``run``)."""
@@ -92,6 +103,9 @@ class SamplingDefaults:
     # None: not sent, so a backend's own default applies (1.0 and True everywhere).
     repetition_penalty: float | None = None
     skip_special_tokens: bool | None = None
+    beam_width: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | None = None
 
     def resolve(self, overrides: dict[str, Any], extra_stop: Sequence[str] = ()) -> dict[str, Any]:
         """The sampling parameters of one call: the defaults, with the call's overrides on top,
@@ -108,7 +122,7 @@ class SamplingDefaults:
         out["top_logprobs_num"] = out["top_logprobs_num"] or 0
         if out["logprob_start_len"] is None:
             out["logprob_start_len"] = -1
-        for optional in ("seed", "repetition_penalty", "skip_special_tokens"):
+        for optional in _OPTIONAL:
             if out[optional] is None:
                 del out[optional]
         return out

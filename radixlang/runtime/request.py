@@ -12,13 +12,16 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import torch
 
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.radix_cache import CacheHandle
 from radixlang.runtime.sampling import SamplingParams, SamplingRow
+
+if TYPE_CHECKING:
+    from radixlang.runtime.beam_search import BeamGroup
 
 # (token id, log-probability) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
@@ -60,6 +63,17 @@ class StreamEvent:
 
 
 @dataclass
+class BeamOutput:
+    """One finished beam of a beam-search request."""
+
+    text: str
+    output_ids: list[int]
+    # Sum of the output tokens' log-probabilities / len(output_ids) ** length_penalty.
+    score: float
+    finish_reason: FinishReason
+
+
+@dataclass
 class GenerationResult:
     request_id: str
     text: str
@@ -78,6 +92,8 @@ class GenerationResult:
     time_to_first_token: float | None  # seconds from submission
     latency: float  # seconds from submission to finish
     error: str | None = None
+    # Beam search: the finished beams, best first (the result's own output is the first one's).
+    beams: list[BeamOutput] = field(default_factory=list)
 
     @property
     def meta_info(self) -> dict[str, object]:
@@ -93,7 +109,17 @@ class GenerationResult:
             "cached_tokens": self.cached_tokens,
             "finish_reason": finish,
             "e2e_latency": self.latency,
+            **({"beams": [_beam_info(b) for b in self.beams]} if self.beams else {}),
         }
+
+
+def _beam_info(beam: BeamOutput) -> dict[str, object]:
+    return {
+        "text": beam.text,
+        "output_ids": beam.output_ids,
+        "score": beam.score,
+        "finish_reason": beam.finish_reason.value,
+    }
 
 
 class TokenTail(Sequence[int]):
@@ -173,6 +199,8 @@ class Req:
     # The row :func:`sample` takes for this request when nothing changes it for a step (no
     # mask): made once, its output a live view of ``tokens``.
     sampling_row: SamplingRow | None = field(default=None, repr=False)
+    # Beam search: the group this request is one beam of (its own Req is the first beam).
+    beam: BeamGroup | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.tokens:

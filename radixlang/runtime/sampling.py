@@ -126,6 +126,12 @@ class SamplingParams:
     # sampling (-100 all but bans a token, +100 all but forces it). JSON's string keys are
     # accepted and turned into ints.
     logit_bias: dict[int, float] | None = None
+    # Beam search (transformers' num_beams with do_sample=False): beam_width > 1 keeps that many
+    # best sequences; a finished one scores sum(logprobs) / generated_tokens ** length_penalty.
+    # early_stopping: stop once beam_width sequences are finished (else when none can improve).
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -210,6 +216,43 @@ class SamplingParams:
         given = [name for name in STRUCTURED_OUTPUT if getattr(self, name) is not None]
         if len(given) > 1:
             raise SamplingParamsError(f"give at most one of {', '.join(given)}")
+        self._validate_beam_search()
+
+    def _validate_beam_search(self) -> None:
+        self.beam_width = _check_int("beam_width", self.beam_width)
+        if self.beam_width < 1:
+            raise SamplingParamsError(f"beam_width must be >= 1 (1: off), got {self.beam_width}")
+        self.length_penalty = _check_float("length_penalty", self.length_penalty)
+        if not math.isfinite(self.length_penalty):
+            raise SamplingParamsError(f"length_penalty must be finite, got {self.length_penalty}")
+        self.early_stopping = _check_bool("early_stopping", self.early_stopping)
+        if self.beam_width == 1:
+            return
+        # Beam search ranks sequences by their raw log-probabilities and draws nothing: a
+        # request that asks for anything that would change them is refused, not half obeyed.
+        # (Messages start with the field's name, as the server reports them.)
+        if self.temperature != 0:
+            raise SamplingParamsError(
+                f"temperature must be 0 with beam search (beam_width={self.beam_width}), which "
+                f"draws nothing; got {self.temperature}"
+            )
+        unsupported = [
+            name
+            for name, off in (
+                ("repetition_penalty", 1.0),
+                ("frequency_penalty", 0.0),
+                ("presence_penalty", 0.0),
+                ("logit_bias", None),
+                ("token_healing", False),
+                *((name, None) for name in STRUCTURED_OUTPUT),
+            )
+            if getattr(self, name) != off
+        ]
+        if unsupported:
+            raise SamplingParamsError(
+                f"{', '.join(unsupported)}: not supported with beam search "
+                f"(beam_width={self.beam_width})"
+            )
 
     @property
     def structured_output(self) -> tuple[str, str | dict] | None:

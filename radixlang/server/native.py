@@ -11,6 +11,10 @@ Structured output: ``sampling_params`` may hold one of ``regex``, ``json_schema`
 object or its JSON text, as SGLang's clients send it), ``ebnf`` (SGLang's GBNF form) and
 radixlang's ``grammar`` (Lark syntax); a malformed one is a 400 naming it.
 
+Beam search: ``sampling_params.beam_width`` > 1 (with ``temperature`` 0, and optionally
+``length_penalty`` and ``early_stopping``) answers the best beam; ``meta_info.beams`` lists every
+finished beam (``text``, ``output_ids``, ``score``, ``finish_reason``), best first.
+
 Like SGLang, the body's top level takes any key: fields of SGLang's ``GenerateReqInput`` that
 ask for something this server lacks (images, LoRA, hidden states...) are refused when set, its
 hints (``priority``, routing, disaggregation) are ignored, and so are unknown keys. Inside
@@ -51,7 +55,6 @@ _UNSUPPORTED_UNLESS_OFF = {
     "structural_tag": "structural tags are not supported; use json_schema, ebnf or regex",
     "stop_regex": "stop_regex is not supported; use stop strings",
     "custom_params": "custom logit processors are not supported",
-    "beam_width": "beam search is not supported",
     "watermark": "watermarking is not supported",
     "ebnf_full_assistant": "ebnf_full_assistant is not supported (there is no reasoning part)",
 }

@@ -202,6 +202,11 @@ class OpenAI(Backend):
 def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dict[str, Any]:
     """Engine sampling names -> an OpenAI request's fields."""
     _check_structured(sampling, chat, official)
+    if (sampling.get("beam_width") or 1) > 1:  # not silently dropped: the API has no beams
+        raise NotImplementedError(
+            "gen(beam_width=...) needs a radixlang backend (a local Runtime or a "
+            "RuntimeEndpoint): OpenAI-compatible APIs have no beam search here"
+        )
     out: dict[str, Any] = {
         "max_tokens": sampling.get("max_new_tokens", 128),
         "temperature": sampling.get("temperature", 1.0),
