@@ -32,6 +32,7 @@ SECTIONS = ("engine", "server")
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8")  # the runtime's models/linear.py QUANTIZATIONS
+PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
 DEFAULT_KV_MEMORY = "1GiB"
@@ -204,6 +205,15 @@ ENGINE_SETTINGS = (
     Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), None,
             "weights: none (the dtype's; the default), int8 (weight-only, one scale per "
             "output row; CPUs)"),
+    Setting("engine", "host_tier_memory", SIZE, None,
+            "a second tier for evicted prefixes' KV, e.g. 4GiB (off by default): pinned host "
+            "memory for a GPU pool, a memory-mapped file under cache_dir for a CPU pool"),
+    Setting("engine", "preemption", _choice_kind(PREEMPTIONS), None,
+            "a retracted request's KV: swap (to the host tier, loaded back; the default with "
+            "one) or recompute (left in the device cache; the default without)"),
+    Setting("engine", "cache_dir", TEXT, None,
+            "a folder where the radix cache is saved at shutdown and loaded at start (and "
+            "where the host tier's file lives)", metavar="DIR"),
     Setting("engine", "seed", INTEGER, 0, "the engine's sampling seed"),
 )  # fmt: skip
 SERVER_SETTINGS = (

@@ -79,3 +79,30 @@ def test_bench_host_overhead_quick_writes_json_and_plot(tmp_path, chat_model_dir
     assert saved["vocab_size"] == 49152
     assert (tmp_path / "bench_host_overhead.png").stat().st_size > 0
     assert result["cases"][0]["mode"] == "greedy"
+
+
+def test_bench_memory_writes_json_and_plot(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "runtime"))
+    from tiny_models import make_tiny_model
+
+    folder = make_tiny_model("llama", tmp_path / "model", max_position_embeddings=512)
+    bench = load("bench_memory")
+    args = ["--model", str(folder), "--dtype", "float32", "--block-size", "4"]
+    args += ["--prefixes", "3", "--prefix-tokens", "24", "--question-tokens", "2"]
+    args += ["--answer-tokens", "2", "--rounds", "3", "--tier-memory", "2MiB"]
+    args += ["--requests", "4", "--prompt-tokens", "12", "--new-tokens", "6"]
+    result = bench.main([*args, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_memory.json").read_text())
+    (rep,) = saved["repeats"]
+    runs = rep["tier"]["runs"]
+    # Rounds after the first load the prefixes back instead of computing them.
+    assert runs["tier"]["tier_loaded_tokens"] > 0 and runs["no_tier"]["tier_loaded_tokens"] == 0
+    assert rep["tier"]["computed_ratio"] > 1.5 and rep["tier"]["outputs_identical"]
+    pre = rep["preemption"]["runs"]
+    assert pre["recompute"]["retractions"] > 0 and pre["swap"]["swapped_out_blocks"] > 0
+    assert all(pre[n]["outputs_equal_unpressured"] for n in ("swap", "recompute"))
+    assert pre["unpressured"]["memory_report"]["allocated_per_live"] >= 1.0
+    assert (tmp_path / "bench_memory.png").stat().st_size > 0
+    assert result["targets"]["tier_outputs_identical"] is True

@@ -15,6 +15,7 @@ from radixlang.cli import main
 from radixlang.config import (
     CONFIG_ENV,
     DTYPES,
+    PREEMPTIONS,
     QUANTIZATIONS,
     SCHEDULE_POLICIES,
     SETTINGS,
@@ -148,9 +149,10 @@ def test_the_printed_toml_reads_back_to_the_same_configuration(tmp_path):
 def test_the_choices_agree_with_the_runtime():
     from radixlang.runtime.model_runner import DTYPES as RUNNER_DTYPES
     from radixlang.runtime.models.linear import QUANTIZATIONS as RUNNER_QUANTIZATIONS
-    from radixlang.runtime.scheduler import SchedulePolicy
+    from radixlang.runtime.scheduler import Preemption, SchedulePolicy
 
     assert set(SCHEDULE_POLICIES) == {p.value for p in SchedulePolicy}
+    assert set(PREEMPTIONS) == {p.value for p in Preemption}
     assert set(DTYPES) == {"auto", *RUNNER_DTYPES}
     assert QUANTIZATIONS == RUNNER_QUANTIZATIONS
 

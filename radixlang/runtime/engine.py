@@ -26,6 +26,13 @@ import torch
 
 from radixlang.constrain import ConstraintError, compile_grammar, token_vocabulary
 from radixlang.models import DEFAULT_MODEL, ModelFiles
+from radixlang.runtime import cache_store
+from radixlang.runtime.beam_search import (
+    BeamGroup,
+    BeamSearchError,
+    advance_beams,
+    split_beam_rows,
+)
 from radixlang.runtime.block_pool import BlockPool, blocks_for
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.cpu_threads import ThreadGovernor
@@ -33,6 +40,8 @@ from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.dtype_choice import AUTO, choose_dtype
 from radixlang.runtime.grammar_masks import MaskFiller
 from radixlang.runtime.handle import EventCallback, RequestHandle
+from radixlang.runtime.host_tier import HostTier
+from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import (
@@ -107,6 +116,16 @@ class Engine:
     ``quantization="int8"`` holds the layers' linear weights in int8, one scale per output row
     (weight-only; CPUs): a quarter of float32's bytes for the decode step to read.
 
+    ``host_tier_memory`` (bytes or a size string; default none) gives the radix cache a second
+    tier: evicted prefixes' KV moves there instead of being dropped and is loaded back when a
+    match reaches it (``runtime/host_tier.py``): pinned memory for a GPU pool, a memory-mapped
+    file under ``cache_dir`` (or the temp folder) for a CPU pool. ``preemption`` is what a
+    retracted request's KV becomes: ``"swap"`` (moved to the tier at once and loaded back;
+    the default with a tier) or ``"recompute"`` (left in the device cache; the default without).
+    ``cache_dir`` also makes the cache persistent: it is saved there at shutdown (and by
+    :meth:`save_cache`) and loaded at the next start when the model, dtypes, block size and
+    tokenizer are the same (``runtime/cache_store.py``).
+
     ``max_context`` caps the context window below the model's (prompt plus output tokens per
     request): longer prompts are refused and ``max_new_tokens`` is cut to fit, as at the
     model's own limit.
@@ -135,6 +154,9 @@ class Engine:
         quantization: str = "none",
         max_context: int | None = None,
         model_path: str | Path | ModelFiles | None = None,
+        host_tier_memory: int | str | None = None,
+        cache_dir: str | Path | None = None,
+        preemption: str | None = None,
     ) -> None:
         if max_context is not None and (
             not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
@@ -170,6 +192,8 @@ class Engine:
         self._busy_seconds = 0.0
         self._thread: threading.Thread | None = None
         self._went_idle = threading.Event()  # set by the engine thread when it runs out of work
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self.cache_load_report: dict[str, Any] | None = None  # what start-up loaded, or why not
 
         def build() -> None:
             if self.threads is not None:
@@ -199,7 +223,13 @@ class Engine:
             self.pool = BlockPool(
                 self.runner.num_blocks, block_size, copy_hook=self.runner.copy_block
             )
-            self.cache = RadixCache(self.pool)
+            tier_bytes = parse_memory(host_tier_memory)
+            self.host_tier = (
+                HostTier.from_budget(self.runner.kv, tier_bytes, self.cache_dir)
+                if tier_bytes
+                else None
+            )
+            self.cache = RadixCache(self.pool, self.host_tier)
             # On by default, on CPU too (default model, float32, batch 32, the JSON workload of
             # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
             # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
@@ -208,8 +238,16 @@ class Engine:
                 self.runner.device.type, 2048
             )
             self.scheduler = Scheduler(
-                self.pool, self.cache, batch_tokens, max_running_requests, schedule_policy
+                self.pool,
+                self.cache,
+                batch_tokens,
+                max_running_requests,
+                schedule_policy,
+                sliding_window=self.runner.sliding_window,
+                preemption=preemption or ("swap" if self.host_tier is not None else "recompute"),
             )
+            if self.cache_dir is not None:
+                self._load_saved_cache()
 
         if not background:
             build()
@@ -312,6 +350,13 @@ class Engine:
             constraint=constraint,
             first_token_mask=first_token_mask,
         )
+        if params.beam_width > 1:
+            if constraint is not None:
+                raise RequestError("beam search does not support a constraint")
+            try:
+                req.beam = BeamGroup(req, self.tokenizer, self.runner.vocab_size)
+            except BeamSearchError as e:
+                raise RequestError(str(e)) from None
         detokenizer = None
         if self.tokenizer is not None:
             try:
@@ -485,6 +530,8 @@ class Engine:
         # Grammar masks: time to fill a step's masks, and how long the step waited for them
         # after its forward (less than the fill time when they were filled beside it).
         s.update(self._masks.percentiles_ms())
+        # The host tier: what it holds now, and its traffic since start ("_total").
+        s.update(self.cache.tier_stats())
         # CPU threads of the forward passes now, and how often the governor changed them.
         s["cpu_threads"] = torch.get_num_threads()
         if self._governor is not None:
@@ -495,6 +542,47 @@ class Engine:
     def render_cache(self, max_nodes: int = 50) -> str:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         return self._call(lambda: self.cache.render(decode=decode, max_nodes=max_nodes))
+
+    def memory_report(self) -> MemoryReport:
+        """Where the KV memory goes now: blocks by holder, live vs allocated slots, sharing,
+        the host tier and the bookkeeping overhead (``runtime/memory_report.py``)."""
+        return self._call(
+            lambda: collect_memory_report(
+                self.pool, self.cache, self.scheduler.running, self.runner.kv
+            )
+        )
+
+    def save_cache(self, folder: str | Path | None = None) -> dict[str, int]:
+        """Save the radix cache (its tree and KV, device and tier) to ``folder`` (by default
+        ``cache_dir``); returns the nodes, tokens and bytes written. Requests keep running."""
+        target = Path(folder).expanduser() if folder is not None else self.cache_dir
+        if target is None:
+            raise ValueError("save_cache needs a folder: give one, or start with cache_dir")
+        return self._call(lambda: self._save_cache(target))
+
+    def _save_cache(self, folder: Path | None = None) -> dict[str, int]:
+        folder = folder if folder is not None else self.cache_dir
+        assert folder is not None
+        saved = cache_store.save(self.cache, self.runner.kv, folder, self._fingerprint())
+        log.info("saved the radix cache to %s: %s", folder, saved)
+        return saved
+
+    def _load_saved_cache(self) -> None:
+        assert self.cache_dir is not None
+        try:
+            loaded = cache_store.load(
+                self.cache, self.runner.kv, self.cache_dir, self._fingerprint()
+            )
+        except cache_store.CacheFileError as e:
+            self.cache_load_report = {"loaded": False, "reason": str(e)}
+            if (self.cache_dir / cache_store.FILE_NAME).exists():
+                log.warning("saved radix cache not used: %s", e)
+            return
+        self.cache_load_report = {"loaded": True, **loaded}
+        log.info("loaded the radix cache from %s: %s", self.cache_dir, loaded)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return cache_store.fingerprint(self.files.path, self.runner.kv, self.dtype)
 
     def shutdown(self, free_cache: bool = False) -> None:
         """Stop the engine thread; requests still in flight finish with ``abort``.
@@ -512,6 +600,11 @@ class Engine:
         elif closing:
             self._abort_all()
         self._masks.close()
+        if closing and self.cache_dir is not None:
+            try:
+                self._save_cache()
+            except Exception as e:  # a failed save must not stop the shutdown
+                log.warning("could not save the radix cache to %s: %s", self.cache_dir, e)
         if free_cache:
             self.cache.flush()
             self.scheduler.check_integrity()
@@ -600,6 +693,8 @@ class Engine:
             else:  # prefill only: the prompt is cached now
                 self.scheduler.finish(req, FinishReason.LENGTH)
                 self._complete(req)
+        sampled, beam_rows = split_beam_rows(chunks, sampled)
+        beam_tokens = self._advance_beams(chunks, beam_rows, out.logits) if beam_rows else 0
         if constrained:
             sampled, rows = self._constrained_rows(chunks, sampled, out.logits.shape[-1])
         else:  # no constraint in the batch: no per-row work beyond token healing's first mask
@@ -611,7 +706,7 @@ class Engine:
                     row = self._sampling_row(req, _first_token_mask(req))
                 rows.append(row)
         if not sampled:
-            return 0
+            return beam_tokens
         logits = out.logits
         if sampled[-1] != len(sampled) - 1:  # rows left out: gather the sampled ones
             logits = logits[sampled]
@@ -627,7 +722,32 @@ class Engine:
             append(req, token_ids[row], logprobs[row], top_logprobs[row])
             if jump_forward and req.constraint is not None and req.finish_reason is None:
                 appended += self._jump_forward(req)
-        return appended
+        return appended + beam_tokens
+
+    def _advance_beams(self, chunks: list[Chunk], rows: list[int], logits: torch.Tensor) -> int:
+        """Beam search picks its own tokens (``beam_search.py``); a finished search answers
+        its request with the best beam, in one final stream event."""
+        done, advanced = advance_beams(self.scheduler, chunks, rows, logits)
+        for group in done:
+            req = group.root
+            text = group.best_text(self._detokenizers.get(req.rid))
+            handle = self._handles.get(req.rid)
+            if handle is not None:
+                handle.push(
+                    StreamEvent(
+                        req.rid,
+                        req.output_ids,
+                        text,
+                        list(req.output_logprobs),
+                        list(req.output_top_logprobs),
+                        True,
+                        req.finish_reason,
+                        req.prompt_len,
+                        req.cached_tokens,
+                    )
+                )
+            self._complete(req)
+        return advanced
 
     def _jump_forward(self, req: Req) -> int:
         """Append the tokens ``req``'s constraint forces from here; the next step computes them
@@ -898,6 +1018,11 @@ class Engine:
 
     def _complete(self, req: Req) -> None:
         """Hand a finished request its result and forget it."""
+        if req.beam is not None:  # any beam's end ends its group: answer the request once
+            root = req.beam.end(req, self.scheduler)
+            if root is None:
+                return
+            req = root
         detok = self._detokenizers.pop(req.rid, None)
         self._reqs.pop(req.rid, None)
         with self._lock:
@@ -932,6 +1057,7 @@ class Engine:
                 ),
                 latency=now - req.arrival,
                 error=req.error,
+                beams=req.beam.results if req.beam is not None else [],
             )
         )
 
@@ -1095,6 +1221,11 @@ class Engine:
                 f"tokens, which must also hold at least one generated token"
             )
         need = blocks_for(n + (params.max_new_tokens > 0), self.pool.block_size)
+        window = self.runner.sliding_window
+        if window is not None:
+            # Blocks before the window are released and chunks are at most a window long, so
+            # a request never holds more than two windows' worth (plus a block of alignment).
+            need = min(need, blocks_for(2 * window, self.pool.block_size) + 1)
         if need > self.pool.num_blocks:
             raise RequestError(
                 f"the prompt needs {need} KV blocks but the pool has {self.pool.num_blocks}: "

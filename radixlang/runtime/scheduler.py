@@ -23,7 +23,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixlang.runtime.block_pool import BlockPool, IntegrityError, blocks_for
+from radixlang.runtime.block_pool import (
+    RELEASED,
+    BlockPool,
+    IntegrityError,
+    blocks_for,
+    dead_blocks,
+)
 from radixlang.runtime.radix_cache import RadixCache, common_prefix_len
 from radixlang.runtime.request import FinishReason, Req, ReqStatus
 
@@ -37,6 +43,17 @@ MAX_LOGPROB_CHUNK = 512
 INITIAL_NEW_TOKEN_RATIO = 0.5
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
+
+
+class Preemption(enum.StrEnum):
+    """What a retracted request's KV becomes."""
+
+    # It stays in the device cache as a prefix like any other; if eviction takes it before the
+    # request runs again, the request computes it again (or loads it, where the tier kept it).
+    RECOMPUTE = "recompute"
+    # It is moved to the host tier at once (its blocks free now, other prefixes untouched) and
+    # loaded back when the request is admitted again. Needs a host tier.
+    SWAP = "swap"
 
 
 class SchedulePolicy(enum.StrEnum):
@@ -72,6 +89,8 @@ class SchedulerCounters:
     prompt_tokens_reused: int = 0  # of those, taken from the cache
     prompt_tokens_computed: int = 0  # prompt positions computed (not counting re-runs)
     recomputed_tokens: int = 0  # positions computed again after a retraction
+    tier_loaded_tokens: int = 0  # positions admitted requests loaded back from the host tier
+    swapped_out_blocks: int = 0  # device blocks retracted requests freed by moving to the tier
     retractions: int = 0
     steps: int = 0
 
@@ -85,6 +104,8 @@ class Scheduler:
         max_running_requests: int = 256,
         policy: SchedulePolicy | str = SchedulePolicy.LPM,
         defer_min_shared_tokens: int = 1,
+        sliding_window: int | None = None,
+        preemption: Preemption | str = Preemption.RECOMPUTE,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
@@ -95,12 +116,25 @@ class Scheduler:
         except ValueError:
             names = ", ".join(p.value for p in SchedulePolicy)
             raise ValueError(f"schedule_policy must be one of {names}; got {policy!r}") from None
+        try:
+            self.preemption = Preemption(preemption)
+        except ValueError:
+            names = ", ".join(p.value for p in Preemption)
+            raise ValueError(f"preemption must be one of {names}; got {preemption!r}") from None
+        if self.preemption is Preemption.SWAP and cache.tier is None:
+            raise ValueError("preemption 'swap' needs a host tier to swap to")
         self.pool = pool
         self.cache = cache
         self.block_size = pool.block_size
         self.max_batch_tokens = max_batch_tokens
         self.max_running_requests = max_running_requests
         self.defer_min_shared_tokens = defer_min_shared_tokens
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+        # A model whose every layer attends within this window: running requests release the
+        # blocks before it (see _release_dead_blocks), so the pool bounds the window, not the
+        # context.
+        self.sliding_window = sliding_window
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.new_token_ratio = INITIAL_NEW_TOKEN_RATIO
@@ -158,8 +192,10 @@ class Scheduler:
             counters.prompt_tokens_computed += max(0, min(end, prompt_len) - max(start, high))
         if end > high:
             req.high_water = end
-        if start < prompt_len or end - start > 1:
+        if (start < prompt_len or end - start > 1) and not _has_released(req):
             self._cache_progress(req)
+        if self.sliding_window is not None:
+            self._release_dead_blocks(req, self.sliding_window)
 
     def finish(self, req: Req, reason: FinishReason, cache_kv: bool = True) -> None:
         """Release everything ``req`` holds; its computed KV stays in the cache."""
@@ -172,8 +208,12 @@ class Scheduler:
         req.finish_reason = reason
 
     def retract(self, req: Req) -> None:
-        """Send a running request back to the queue; its KV stays in the cache for the re-run."""
+        """Send a running request back to the queue; its KV stays in the cache for the re-run
+        (with swap preemption: in the host tier, its device blocks freed at once)."""
+        computed = req.tokens[: req.num_computed]
         self._release(req, cache_kv=True)
+        if self.preemption is Preemption.SWAP:
+            self.counters.swapped_out_blocks += len(self.cache.swap_out(computed))
         self.running.remove(req)
         req.status = ReqStatus.WAITING
         req.num_retractions += 1
@@ -218,22 +258,31 @@ class Scheduler:
         return max(0, blocks_for(req.num_computed + n, self.block_size) - len(req.blocks))
 
     def _retract_victim(self) -> Req:
-        """The running request that loses least: fewest generated tokens, then newest."""
-        return min(self.running, key=lambda r: (r.num_output, -r.arrival))
+        """The running request that loses least: fewest generated tokens, then newest. Beams
+        come last: losing one makes its whole search start over (runtime/beam_search.py)."""
+        return min(self.running, key=lambda r: (r.beam is not None, r.num_output, -r.arrival))
 
     def _reserve_blocks(self) -> int:
         """Blocks the running requests are expected to need for their remaining tokens."""
+        # Under a sliding window a request's growth releases as many blocks as it takes once
+        # the window is full: it needs at most a window's worth more.
+        cap = math.inf if self.sliding_window is None else self.sliding_window
         tokens = sum(
-            max(0, r.max_new_tokens - r.num_output) * self.new_token_ratio for r in self.running
+            min(cap, max(0, r.max_new_tokens - r.num_output) * self.new_token_ratio)
+            for r in self.running
         )
         return math.ceil(tokens / self.block_size)
 
     def _release(self, req: Req, cache_kv: bool) -> None:
-        if cache_kv and req.num_computed:
+        released = _has_released(req)
+        # A request that released blocks has lost its sequence's start (releases begin at
+        # block 0), so nothing of it can be inserted: what its prompt put in the cache while
+        # whole stays there, and a retracted one recomputes from that.
+        if cache_kv and req.num_computed and not released:
             self.cache.insert(req.tokens[: req.num_computed], req.blocks)
         if req.handle is not None:
             self.cache.unlock(req.handle)
-        self.pool.decref(req.blocks)
+        self.pool.decref([b for b in req.blocks if b != RELEASED] if released else req.blocks)
         req.blocks = []
         req.num_computed = 0
         req.handle = None
@@ -249,6 +298,29 @@ class Scheduler:
             self.cache.unlock(req.handle)
         req.handle = handle
 
+    def _release_dead_blocks(self, req: Req, window: int) -> None:
+        """Drop ``req``'s references to the blocks wholly before its next query's window.
+
+        Their table entries become ``RELEASED`` (indices stay aligned with positions). At the
+        first release the request also unlocks its cache path and stops caching its progress:
+        the path's blocks are then ordinary cached prefixes, evictable, and the request keeps
+        only the root's handle (locking it protects nothing).
+        """
+        blocks = req.blocks
+        i = min(len(blocks), dead_blocks(req.num_computed, window, self.block_size))
+        dropped = []
+        while i > 0 and blocks[i - 1] != RELEASED:  # the newly dead ones, back to the last
+            i -= 1
+            dropped.append(blocks[i])
+            blocks[i] = RELEASED
+        if not dropped:
+            return
+        if i == 0:  # the first release
+            if req.handle is not None:
+                self.cache.unlock(req.handle)
+            req.handle = self.cache.handle_of([])
+        self.pool.decref(dropped)
+
     # ---- admission -----------------------------------------------------------------------
     def _admit(self, plan: list[tuple[Req, int]], budget: int, out: Schedule) -> None:
         inflight = [r for r in self.running if r.is_prefilling]
@@ -260,6 +332,7 @@ class Scheduler:
             if self._shares_uncached_prefix(req, cached, inflight):
                 continue  # a prompt being computed holds its next tokens: hit them next step
             match = self.cache.match_prefix(key)
+            self.counters.tier_loaded_tokens += match.loaded
             self.cache.lock(match.handle)
             start = match.length
             n = self._chunk_len(req, budget, start)
@@ -302,6 +375,10 @@ class Scheduler:
         n = min(len(req.tokens) - start, budget)
         if req.wants_prompt_logprobs:
             n = min(n, MAX_LOGPROB_CHUNK)
+        if self.sliding_window is not None:
+            # Chunks of at most a window: with the window before it, a chunk then needs at most
+            # two windows of blocks however long the prompt, which the engine checks fit.
+            n = min(n, self.sliding_window)
         return n
 
     def _shares_uncached_prefix(self, req: Req, cached: int, inflight: list[Req]) -> bool:
@@ -329,6 +406,7 @@ class Scheduler:
         refs: Counter[int] = Counter()
         for req in self.running:
             refs.update(req.blocks)
+        refs.pop(RELEASED, None)  # released entries hold no reference
         return refs
 
     def check_integrity(self) -> None:
@@ -367,11 +445,18 @@ class Scheduler:
             "prompt_tokens_reused": c.prompt_tokens_reused,
             "prompt_tokens_computed": c.prompt_tokens_computed,
             "recomputed_tokens": c.recomputed_tokens,
+            "tier_loaded_tokens": c.tier_loaded_tokens,
+            "swapped_out_blocks": c.swapped_out_blocks,
             "cache_hit_rate": c.prompt_tokens_reused / c.prompt_tokens if c.prompt_tokens else 0.0,
             "retractions": c.retractions,
             "evicted_blocks": self.cache.evicted_blocks_total - self._evicted_base,
             "steps": c.steps,
         }
+
+
+def _has_released(req: Req) -> bool:
+    """Whether ``req`` released blocks before its window (releases start at block 0)."""
+    return bool(req.blocks) and req.blocks[0] == RELEASED
 
 
 def dfs_weight_order(reqs: Sequence[Req]) -> list[Req]:

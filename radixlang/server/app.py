@@ -4,11 +4,13 @@ Routes:
 
 - SGLang's native API: ``POST /generate`` (see ``native``), ``GET /get_model_info``,
   ``GET /get_server_info`` (and ``/server_info``), ``POST /flush_cache`` (``?timeout=``),
+  ``POST /save_cache`` (the radix cache to ``--cache-dir`` now; it is also saved at shutdown),
   ``POST /abort_request``, ``POST /concate_and_append_request``;
 - the OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
   (see ``openai``);
 - operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text),
-  ``POST /tokenize``, ``POST /detokenize``.
+  ``POST /tokenize``, ``POST /detokenize``, ``GET /memory`` (where the KV memory goes: the
+  engine's ``memory_report()`` as JSON).
 
 Every refused request gets a 4xx JSON error naming the field; the engine checks what it is
 given at submission, so no request can leave it in a bad state. A client that disconnects
@@ -24,6 +26,7 @@ import gc
 import hmac
 import logging
 import math
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -59,7 +62,7 @@ log = logging.getLogger(__name__)
 _ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
            "/health_generate", "/get_model_info", "/get_server_info", "/server_info",
            "/flush_cache", "/metrics", "/abort_request", "/concate_and_append_request",
-           "/tokenize", "/detokenize")  # fmt: skip
+           "/tokenize", "/detokenize", "/memory")  # fmt: skip
 
 
 class TokenizeBody(BaseModel):
@@ -259,6 +262,11 @@ def create_app(
     app.add_api_route("/get_server_info", server_info, methods=["GET"])
     app.add_api_route("/server_info", server_info, methods=["GET"])
 
+    @app.get("/memory")
+    async def memory() -> JSONResponse:
+        report = await run_in_threadpool(engine.memory_report)
+        return JSONResponse(report.to_dict())
+
     async def flush_cache(request: Request) -> JSONResponse:
         """SGLang's contract: 200 once flushed, 400 while requests are in flight after waiting
         up to ``?timeout=`` seconds (default 0) for them to finish."""
@@ -270,6 +278,15 @@ def create_app(
         return JSONResponse({"success": True, "message": "Cache flushed."})
 
     app.add_api_route("/flush_cache", flush_cache, methods=["GET", "POST"])
+
+    @app.post("/save_cache")
+    async def save_cache() -> JSONResponse:
+        """Save the radix cache to the engine's ``cache_dir`` now (it is also saved at
+        shutdown); 400 when the server was started without one."""
+        if engine.cache_dir is None:
+            raise APIError(400, "the server was started without --cache-dir", kind="no_cache_dir")
+        saved = await run_in_threadpool(engine.save_cache)
+        return JSONResponse({"success": True, **saved})
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
@@ -358,9 +375,26 @@ def serve(
     # garbage collector's full passes, which otherwise stall a request now and then (~0.15 s).
     gc.collect()
     gc.freeze()
-    # uvicorn re-raises the interrupt once it has shut down cleanly: that is the normal end.
-    with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
+    # uvicorn re-raises the signal that stopped it once it has shut down cleanly: for SIGINT
+    # that is a KeyboardInterrupt, for SIGTERM (a service manager's stop) the handler below;
+    # both are the normal end, exit status 0.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with contextlib.suppress(KeyboardInterrupt, _Terminated):
+            uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived after uvicorn's own shutdown."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 class ServerThread:

@@ -29,6 +29,8 @@ CUMULATIVE = (
     "prompt_tokens_reused",
     "prompt_tokens_computed",
     "recomputed_tokens",
+    "tier_loaded_tokens",
+    "swapped_out_blocks",
     "retractions",
     "evicted_blocks",
     "jump_forward_tokens",

@@ -11,6 +11,7 @@ inserted is ever lost: every inserted prefix stays matchable.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 from hypothesis import settings
@@ -169,8 +170,10 @@ def steps(examples: int) -> settings:
 
 
 TestTier = TierMachine.TestCase
-TestTier.settings = steps(150)
+# RADIXLANG_HYPOTHESIS_SCALE=20 runs twenty times as many examples (for a deep local run).
+SCALE = int(os.environ.get("RADIXLANG_HYPOTHESIS_SCALE", "1"))
+TestTier.settings = steps(80 * SCALE)
 TestSmallTier = SmallTierMachine.TestCase
-TestSmallTier.settings = steps(100)
+TestSmallTier.settings = steps(50 * SCALE)
 TestOddBlockTier = OddBlockTierMachine.TestCase
-TestOddBlockTier.settings = steps(100)
+TestOddBlockTier.settings = steps(50 * SCALE)

@@ -21,6 +21,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start(cmd: list[str], url: str) -> subprocess.Popen:
+    """Run ``radixlang serve`` and wait until /health answers."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)
+
+
+def test_the_cache_dir_keeps_the_cache_across_a_sigterm_restart(chat_model_dir, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
+           "--port", str(port), "--dtype", "float32", "--kv-memory", "16MiB",
+           "--cache-dir", str(tmp_path), "--host-tier-memory", "8MiB"]  # fmt: skip
+    shots = "".join(f"Q: what is {i} plus {i}? A: {2 * i}.\n" for i in range(12))
+    body = {"text": shots + "Q: what is 7 plus 8? A:",
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0}}  # fmt: skip
+    outputs, errs = [], []
+    for _ in range(2):
+        proc = _start(cmd, url)
+        try:
+            r = httpx.post(url + "/generate", json=body, timeout=60).json()
+            outputs.append((r["text"], r["meta_info"]["cached_tokens"]))
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+            errs.append(err)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err
+    (before, cached_before), (after, cached_after) = outputs
+    assert cached_before == 0 and cached_after > 100  # the few-shot prefix came from disk
+    assert after == before
+    assert "loaded the radix cache" in errs[1]
+
+    # (A damaged or foreign file is refused with a message and the engine starts empty:
+    # tests/runtime/test_engine_memory_tiers.py.)
+
+
 def test_serve_drains_and_frees_every_block_on_sigint(chat_model_dir):
     port = _free_port()
     cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
