@@ -42,13 +42,13 @@ class MemoryReport:
     slots valid, a running request ``min(num_computed, (i+1)*bs) - i*bs``); blocks a request
     holds for tokens it has not computed yet are allocated, not live.
 
-    Sharing: ``logical_tokens`` is the sum over running requests of ``num_computed`` plus the
-    sum over cached tree leaves (nodes without children) of their full path length
-    (``node.end``); shared blocks count once per holder there. With a host tier, a node whose
-    KV lives on the tier (no device blocks) holds nothing here, so "leaves" are the device
-    nodes without a device child (``tree_host_nodes`` counts the others). A running request
-    whose progress is also a cached leaf counts twice, as a cache without shared blocks would
-    store it twice. ``sharing`` is logical tokens / live tokens.
+    Sharing: ``logical_tokens`` is what the sequences would take without sharing: the sum over
+    running requests of ``num_computed`` plus, for each cached tree leaf (a node without
+    children) that no running request is on (unlocked), its full path length (``node.end``).
+    A locked leaf is part of a running request's own sequence, counted with that request. With
+    a host tier, a node whose KV lives on the tier (no device blocks) holds nothing here, so
+    "leaves" are the device nodes without a device child (``tree_host_nodes`` counts the
+    others). ``sharing`` is logical tokens / live tokens.
 
     Metadata: ``metadata_bytes`` estimates the host-side bookkeeping (tree nodes with their
     token, block and child containers, the pool's reference counts and free list, the running
@@ -323,7 +323,8 @@ def collect_memory_report(
         tree_blocks.update(blocks)
         if not any(_device_blocks(child) for child in children):  # a leaf on the device
             leaves += 1
-            logical += end
+            if not node.lock_ref:  # else a running request's own tokens, counted with it
+                logical += end
     request_blocks: set[int] = set()
     num_running = 0
     for req in running:

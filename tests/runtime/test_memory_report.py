@@ -186,11 +186,13 @@ def test_engine_report_step_by_step(folder):
     assert (r.blocks_used, r.blocks_both, r.blocks_shared, r.blocks_evictable) == (3, 3, 3, 0)
     assert r.blocks_tree_only == r.blocks_requests_only == 0
     assert (r.slots_allocated, r.tokens_live) == (12, 10)
-    assert r.logical_tokens == 10 + 10 and r.running_requests == 1
+    # The cached prompt is the running request's own (its path is locked): counted once.
+    assert r.logical_tokens == 10 and r.running_requests == 1
+    assert r.sharing == pytest.approx(1.0)
 
     assert eng.step()  # a decode: position 10, into block 2; decodes are not inserted
     r = eng.memory_report()
-    assert (r.blocks_used, r.tokens_live, r.logical_tokens) == (3, 11, 11 + 10)
+    assert (r.blocks_used, r.tokens_live, r.logical_tokens) == (3, 11, 11)
 
     while eng.step():
         pass
