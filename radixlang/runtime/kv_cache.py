@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from radixlang.kernels.layout import PagedKV
@@ -46,8 +47,8 @@ class KVCache:
         self.dtype = dtype
         dims = (shape.num_layers, num_blocks, block_size, shape.kv_heads, shape.head_dim)
         # Zeros, not empty: padded reads of never-written slots must stay finite.
-        self.k = torch.zeros(dims, dtype=dtype, device=device)
-        self.v = torch.zeros(dims, dtype=dtype, device=device)
+        self.k = _zeros(dims, dtype, torch.device(device))
+        self.v = _zeros(dims, dtype, torch.device(device))
         self.layers = [PagedKV(self.k[i], self.v[i]) for i in range(shape.num_layers)]
 
     @classmethod
@@ -94,6 +95,17 @@ class KVCache:
             "bytes": self.num_bytes,
             "bytes_per_token": self.shape.bytes_per_block(1, self.dtype),
         }
+
+
+def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed tensor. On the CPU its pages are mapped lazily: ``torch.zeros`` writes every
+    byte of a multi-GiB pool up front (seconds, and all of it resident at once), where numpy's
+    calloc-backed zeros take fresh zero pages from the kernel as blocks are first written."""
+    if device.type != "cpu":
+        return torch.zeros(dims, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(dims, dtype={1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[itemsize])
+    return torch.from_numpy(raw).view(dtype)  # all-zero bits are 0.0 in every float dtype
 
 
 def available_memory_bytes(device: torch.device) -> int:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from tiny_models import load_reference, make_tiny_model
+from tiny_models import load_reference, make_tiny_model, stepped_engine
 
 from radixlang.runtime.engine import Engine, RequestError
 from radixlang.runtime.radix_cache import common_prefix_len
@@ -36,11 +36,7 @@ def reference(folder):
 
 def engine(folder, **kw) -> Engine:
     kw.setdefault("num_blocks", 128)
-    kw.setdefault("block_size", 4)
-    kw.setdefault("background", False)
-    kw.setdefault("check_integrity_every_step", True)
-    kw.setdefault("dtype", "float32")
-    return Engine(folder, **kw)
+    return stepped_engine(folder, **kw)
 
 
 def beam_params(width: int, max_new: int, **kw) -> dict:

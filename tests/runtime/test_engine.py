@@ -10,7 +10,8 @@ import threading
 
 import pytest
 import torch
-from tiny_models import load_reference, make_tiny_model
+from tiny_models import load_reference, make_tiny_model, reference_greedy
+from tiny_models import stepped_engine as engine
 
 from radixlang.runtime.block_pool import blocks_for
 from radixlang.runtime.engine import CacheBusyError, Engine, RequestError, parse_memory
@@ -33,27 +34,6 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(folder):
     return load_reference(folder)
-
-
-def engine(folder, **kw) -> Engine:
-    kw.setdefault("num_blocks", 256)
-    kw.setdefault("block_size", 4)
-    kw.setdefault("background", False)
-    kw.setdefault("check_integrity_every_step", True)
-    kw.setdefault("dtype", "float32")  # compared with float32 transformers ("auto" may be bf16)
-    return Engine(folder, **kw)
-
-
-def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 def workload(n: int, seed: int) -> list[tuple[list[int], int]]:

@@ -10,6 +10,7 @@ import random
 
 import pytest
 from tiny_models import make_tiny_model
+from tiny_models import stepped_engine as engine
 
 from radixlang.runtime import cache_store
 from radixlang.runtime.engine import Engine
@@ -23,15 +24,6 @@ def folder(tmp_path_factory):
     return make_tiny_model(
         "llama", tmp_path_factory.mktemp("tiny") / "llama", max_position_embeddings=1024
     )
-
-
-def engine(folder, **kw) -> Engine:
-    kw.setdefault("num_blocks", 256)
-    kw.setdefault("block_size", 4)
-    kw.setdefault("background", False)
-    kw.setdefault("check_integrity_every_step", True)
-    kw.setdefault("dtype", "float32")
-    return Engine(folder, **kw)
 
 
 def few_shot_rounds(rounds: int, seed: int = 0) -> list[list[tuple[list[int], int]]]:

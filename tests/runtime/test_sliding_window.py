@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from tiny_models import WINDOWS, load_reference, make_tiny_model
+from tiny_models import WINDOWS, load_reference, make_tiny_model, reference_greedy, stepped_engine
 
 from radixlang.runtime.block_pool import RELEASED, dead_blocks
 from radixlang.runtime.engine import Engine
@@ -33,24 +33,8 @@ def reference(folder):
 
 
 def engine(folder, **kw) -> Engine:
-    kw.setdefault("num_blocks", 256)
     kw.setdefault("block_size", BLOCK)
-    kw.setdefault("background", False)
-    kw.setdefault("check_integrity_every_step", True)
-    kw.setdefault("dtype", "float32")
-    return Engine(folder, **kw)
-
-
-def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-    )
-    return out[0, len(prompt) :].tolist()
+    return stepped_engine(folder, **kw)
 
 
 def prompts(seed: int, lengths: list[int]) -> list[list[int]]:

@@ -83,3 +83,30 @@ def load_reference(folder: Path, attn: str = "eager"):
         folder, dtype=torch.float32, attn_implementation=attn, local_files_only=True
     )
     return model.eval()
+
+
+def stepped_engine(folder: Path, **kw):
+    """An engine the test drives step by step, checking every invariant after each step, in
+    float32 (compared with float32 transformers; "auto" may pick bfloat16). Defaults: 256
+    blocks of 4 tokens."""
+    from radixlang.runtime.engine import Engine
+
+    kw.setdefault("num_blocks", 256)
+    kw.setdefault("block_size", 4)
+    kw.setdefault("background", False)
+    kw.setdefault("check_integrity_every_step", True)
+    kw.setdefault("dtype", "float32")
+    return Engine(folder, **kw)
+
+
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of one prompt, EOS ignored."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()
