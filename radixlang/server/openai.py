@@ -5,7 +5,8 @@ against this server.
 Unknown fields are refused, as OpenAI refuses them. Beyond OpenAI's fields, the sampling
 extras vLLM and SGLang users know are accepted: ``top_k``, ``min_p``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, ``regex``,
-``ebnf``, and ``continue_final_message`` for chats.
+``ebnf``, beam search (``beam_width``, ``length_penalty``, ``early_stopping``; the answer is the
+best beam, and ``temperature`` defaults to 0 with it), and ``continue_final_message`` for chats.
 
 Structured output: ``response_format`` ``{"type": "json_object"}`` (any JSON object) or
 ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` constrains the output
@@ -74,6 +75,9 @@ class _Body(BaseModel):
     regex: str | None = None
     ebnf: str | None = None
     response_format: dict[str, Any] | None = None
+    beam_width: int = Field(default=1, ge=1)
+    length_penalty: float | None = None
+    early_stopping: bool | None = None
 
     def sampling(self, max_tokens: int | None, default_max: int) -> dict[str, Any]:
         if max_tokens is not None and max_tokens < 0:
@@ -81,7 +85,12 @@ class _Body(BaseModel):
         sampling: dict[str, Any] = {
             "max_new_tokens": default_max if max_tokens is None else max_tokens,
             "min_new_tokens": self.min_tokens,
-            "temperature": 1.0 if self.temperature is None else self.temperature,
+            # Beam search is deterministic: without a temperature it asks for none.
+            "temperature": (
+                (0.0 if self.beam_width > 1 else 1.0)
+                if self.temperature is None
+                else self.temperature
+            ),
             "top_p": self.top_p,
             "top_k": self.top_k,
             "min_p": self.min_p,
@@ -97,7 +106,16 @@ class _Body(BaseModel):
             "ebnf": self.ebnf,
             "json_schema": response_schema(self.response_format),
             "logit_bias": self.logit_bias or None,
+            "beam_width": self.beam_width if self.beam_width > 1 else None,
+            "length_penalty": self.length_penalty,
+            "early_stopping": self.early_stopping,
         }
+        if self.beam_width > 1 and self.n > 1:
+            raise APIError(
+                400,
+                "n > 1 with beam_width is not supported: the answer is the best beam",
+                param="n",
+            )
         if sampling["min_new_tokens"] > sampling["max_new_tokens"]:
             raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
         given = [k for k in ("regex", "ebnf", "json_schema") if sampling[k] is not None]

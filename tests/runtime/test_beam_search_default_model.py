@@ -86,8 +86,12 @@ def test_beams_on_the_default_model_equal_transformers(files, prompts):
     # Peak over the run, per search: distinct blocks its beams hold vs one table per beam.
     shared: dict[int, int] = {}
     private: dict[int, int] = {}
+    report = None  # the memory report at the step with the most shared blocks
     while not all(h.done for h in handles.values()):
         eng.step()
+        now = eng.memory_report()
+        if report is None or now.blocks_shared > report.blocks_shared:
+            report = now
         groups: dict[int, list] = {}
         for r in eng.scheduler.running:
             if r.beam is not None:
@@ -104,6 +108,11 @@ def test_beams_on_the_default_model_equal_transformers(files, prompts):
         f"private copy per beam: {saving:.1%} saved"
     )
     assert saving > 0.3
+    # The memory report sees it too: blocks held by several beams, and more logical tokens
+    # than live ones.
+    assert report is not None and report.blocks_shared > 0 and report.sharing > 1.5
+    print(f"memory report at the peak: {report.blocks_shared} shared blocks, sharing "
+          f"{report.sharing:.2f}x, allocated/live {report.allocated_per_live:.3f}")  # fmt: skip
     eng.check_integrity()
     assert eng.flush_cache()
     assert eng.pool.num_free == eng.pool.num_blocks

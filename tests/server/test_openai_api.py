@@ -162,3 +162,15 @@ def test_logit_bias_forces_and_bans_tokens(oai, model, engine, client):
     native = client.post("/generate", json={"text": "I like", "sampling_params": {
         "max_new_tokens": 2, "temperature": 0, "logit_bias": {str(token): 100}}})  # fmt: skip
     assert native.json()["text"] == " banana" * 2
+
+
+def test_beam_search_through_the_openai_client(oai, model, engine):
+    params = {"max_new_tokens": 8, "temperature": 0, "beam_width": 3, "length_penalty": 0.5}
+    alone = engine.generate("The best way to", params)
+    assert len(alone.beams) == 3
+    out = oai.completions.create(model=model, prompt="The best way to", max_tokens=8,
+                                 extra_body={"beam_width": 3, "length_penalty": 0.5})  # fmt: skip
+    assert out.choices[0].text == alone.text  # the best beam; temperature 0 by default
+    with pytest.raises(openai.BadRequestError, match="beam_width"):
+        oai.completions.create(model=model, prompt="x", max_tokens=4, n=2,
+                               extra_body={"beam_width": 2})  # fmt: skip
