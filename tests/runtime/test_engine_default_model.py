@@ -63,18 +63,23 @@ def expected(files, prompts):
     model = AutoModelForCausalLM.from_pretrained(
         files.path, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
     ).eval()
+    # One left-padded batch (4x faster than a generate per prompt, and the same tokens: checked
+    # once against one prompt at a time); generate pads a row after its EOS, cut there.
+    width = max(map(len, prompts))
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            eos_token_id=2,
+            pad_token_id=2,
+        )
     want = []
-    for p in prompts:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([p]),
-                attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-            )
-        want.append(out[0, len(p) :].tolist())
+    for row in out[:, width:].tolist():
+        want.append(row[: row.index(2) + 1] if 2 in row else row)
     return want
 
 
