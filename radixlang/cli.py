@@ -30,6 +30,7 @@ from radixlang.config import (
     add_server_arguments,
     config_from_args,
     flags_given,
+    load_api_keys,
     load_config,
 )
 from radixlang.models import (
@@ -163,6 +164,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     server = config.server_kwargs()
     server["api_key"] = server["api_key"] or os.environ.get(API_KEY_ENV)
+    if server["api_keys_file"]:
+        load_api_keys(server["api_keys_file"])  # a bad keys file, too, fails before torch
     level = server["log_level"].upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     engine = Engine(**_engine_kwargs(config))

@@ -44,6 +44,35 @@ class ConfigError(ValueError):
     """A configuration key or value that is not valid; the message names it."""
 
 
+MAX_TENANT_CHARS = 256
+
+
+def load_api_keys(path: str | Path) -> dict[str, str]:
+    """An API-keys file: a JSON or TOML table of ``key = "tenant"`` (``.json`` is read as
+    JSON, anything else as TOML). Keys and tenant names are non-empty strings, names at most
+    256 characters; several keys may name one tenant."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"API-keys file {str(path)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"API-keys file {str(path)!r} cannot be read: {e}") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"API-keys file {str(path)!r} is not valid: {e}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"API-keys file {str(path)!r} must map API keys to tenant names")
+    for key, tenant in data.items():
+        if not key or not isinstance(tenant, str) or not 0 < len(tenant) <= MAX_TENANT_CHARS:
+            raise ConfigError(
+                f"API-keys file {str(path)!r}: each key needs a tenant name, a string of 1 to "
+                f"{MAX_TENANT_CHARS} characters"
+            )
+    return dict(data)
+
+
 # ---- kinds of value ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Kind:
@@ -221,6 +250,9 @@ SERVER_SETTINGS = (
     Setting("server", "port", PORT, 30000, "port to listen on"),
     Setting("server", "api_key", TEXT, None,
             "require 'Authorization: Bearer KEY' (default: $RADIXLANG_API_KEY)", "KEY"),
+    Setting("server", "api_keys_file", TEXT, None,
+            "a JSON or TOML file mapping API keys to tenant names: requests need one of the "
+            "keys, and tenants never share cached prefixes", "FILE"),
     Setting("server", "served_model_name", TEXT, None,
             "the model name clients use (default: the model's)", "NAME"),
     Setting("server", "max_queued_requests", POSITIVE_INT, None,

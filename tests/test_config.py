@@ -288,3 +288,26 @@ def test_a_setting_the_engine_lacks_is_refused_by_name(monkeypatch):
     config = load_config(None, {"engine.threads": 2}, environ={})
     with pytest.raises(ConfigError, match=r"engine\.threads is not supported"):
         _engine_kwargs(config)
+
+
+def test_api_keys_file_json_and_toml(tmp_path):
+    from radixlang.config import ConfigError, load_api_keys
+
+    (tmp_path / "k.json").write_text('{"key-a": "alice", "key-b": "bob"}')
+    (tmp_path / "k.toml").write_text('key-a = "alice"\n"key b" = "bob"\n')
+    assert load_api_keys(tmp_path / "k.json") == {"key-a": "alice", "key-b": "bob"}
+    assert load_api_keys(tmp_path / "k.toml") == {"key-a": "alice", "key b": "bob"}
+    bad = {
+        "missing.json": None,
+        "broken.json": "{",
+        "list.json": '["a"]',
+        "empty.toml": "",
+        "nested.toml": "[key]\nx = 1\n",
+        "long.json": '{"k": "' + "t" * 257 + '"}',
+        "blank.json": '{"k": ""}',
+    }
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match="API-keys file"):
+            load_api_keys(tmp_path / name)

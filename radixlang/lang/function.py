@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any
 
 from radixlang.lang.backends.base import Backend
-from radixlang.lang.interpreter import StateExecutor
+from radixlang.lang.interpreter import StateExecutor, start_program_thread
 from radixlang.lang.ir import SamplingDefaults
 from radixlang.lang.run_options import get_default_backend, resolve_backend, split_run_kwargs
 from radixlang.lang.state import ProgramState
@@ -90,7 +89,7 @@ class Function:
                 )
             body = lambda: asyncio.run(self.func(*bound.args, **bound.kwargs))  # noqa: E731
         if stream:
-            threading.Thread(target=_finish, args=(state, body), daemon=True).start()
+            start_program_thread(_finish, state, body, name="radixlang-program")
             return state
         return _finish(state, body, wait=True)
 

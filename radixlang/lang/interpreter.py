@@ -13,7 +13,9 @@ import asyncio
 import collections
 import contextlib
 import threading
+import time
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +40,26 @@ from radixlang.lang.ir import (
 
 class ProgramError(RuntimeError):
     """A program's expression could not run (e.g. nested roles)."""
+
+
+# The programs' own threads (state workers, streamed runs' bodies): daemon threads, so a
+# program left running never holds the process open; joined at exit by ``join_program_threads``.
+_program_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def start_program_thread(target: Any, *args: Any, name: str = "radixlang-state") -> None:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    _program_threads.add(thread)
+    thread.start()
+
+
+def join_program_threads(timeout: float) -> None:
+    """Wait up to ``timeout`` seconds in all for the programs' threads to end (at exit, once
+    the engines are shut down: their requests then end at once and their states fail)."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_program_threads):
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Signal:
@@ -129,7 +151,7 @@ class StateExecutor:
             self._queue.append(expr)
             if self._idle.is_set():
                 self._idle = Signal()
-                threading.Thread(target=self._work, name="radixlang-state", daemon=True).start()
+                start_program_thread(self._work)
 
     def sync(self) -> None:
         """Wait until everything submitted so far has run."""
@@ -233,7 +255,7 @@ class StateExecutor:
         self._inherited.set()
         with self._cond:
             if self._queue or self.error is not None:
-                threading.Thread(target=self._work, name="radixlang-state", daemon=True).start()
+                start_program_thread(self._work)
             else:
                 self._idle.set()
                 self._cond.notify_all()

@@ -301,6 +301,7 @@ class BeamGroup:
             cached_tokens=root.cached_tokens,
             admitted=True,
             beam=self,
+            cache_salt=root.cache_salt,
         )
         # The prompt's log-probabilities are the root's (computed once).
         beam.prompt_logprobs, beam.prompt_top_logprobs = [], []

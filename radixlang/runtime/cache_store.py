@@ -85,16 +85,17 @@ def save(cache: RadixCache, kv: KVCache, folder: Path, print_: dict[str, Any]) -
         blob = _node_bytes(k, v, blocks, node.start, node.end, kv.block_size)
         parent = node.parent
         assert parent is not None
-        nodes.append(
-            {
-                "parent": index.get(parent.id, -1),
-                "tokens": list(node.tokens),
-                "offset": offset,
-                "nbytes": len(blob),
-                "crc32": zlib.crc32(blob),
-                "last_access": node.last_access,
-            }
-        )
+        entry = {
+            "parent": index.get(parent.id, -1),
+            "tokens": list(node.tokens),
+            "offset": offset,
+            "nbytes": len(blob),
+            "crc32": zlib.crc32(blob),
+            "last_access": node.last_access,
+        }
+        if parent.parent is None and (salt := cache.salt_of(parent)):
+            entry["salt"] = salt  # a top node under a salted root: its tree's salt
+        nodes.append(entry)
         index[node.id] = len(nodes) - 1
         blobs.append(blob)
         offset += len(blob)
@@ -195,7 +196,7 @@ def _rebuild(
             k, v = raw.view(kv.dtype).view(2, layers, n, heads, dim)
             write_kv(blocks, start, k, v)
             start += n
-        cache.insert(tokens, blocks)
+        cache.insert(tokens, blocks, nodes[chain[0]].get("salt", ""))
         pool.decref(blocks)
         restored += 1
     return {

@@ -11,6 +11,7 @@ Nothing here knows about programs: the frontend talks to the engine through ``su
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import logging
@@ -18,6 +19,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +47,7 @@ from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import (
+    MAX_CACHE_SALT_CHARS,
     FinishReason,
     GenerateRequest,
     GenerationResult,
@@ -87,6 +90,32 @@ def parse_memory(value: int | str | None) -> int | None:
     scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
     scale |= {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
     return int(float(m.group(1)) * scale[unit])
+
+
+# Engines whose thread runs, shut down at interpreter exit by ``shutdown_live_engines``.
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def shutdown_live_engines() -> None:
+    """Shut down every engine whose thread still runs: abort its requests, join its thread.
+
+    Registered with ``atexit``, which CPython runs after ``threading._shutdown`` has joined
+    the non-daemon threads (and, through ``threading._register_atexit``, the
+    ``ThreadPoolExecutor`` workers, e.g. ``run_batch``'s) and before finalization freezes the
+    daemon threads. After the join of non-daemon threads, so that work a non-daemon thread
+    still waits for finishes on a live engine rather than being aborted under it; before the
+    freeze, because a daemon engine thread frozen inside a forward pass (torch/OpenMP code,
+    GIL released) is killed by ``pthread_exit`` when it next takes the GIL, and the forced
+    unwind through C++ frames aborts the process ("terminate called without an active
+    exception", status 134). Safe to call more than once, and from other exit hooks."""
+    for engine in list(_live_engines):
+        try:
+            engine.shutdown()
+        except Exception:  # one engine's failure must not keep the others running
+            log.exception("could not shut down an engine at exit")
+
+
+atexit.register(shutdown_live_engines)
 
 
 class Engine:
@@ -275,6 +304,7 @@ class Engine:
         if failure:
             self._thread.join()
             raise failure[0]
+        _live_engines.add(self)  # shut down at interpreter exit if still running then
 
     # ---- public API ------------------------------------------------------------------------
     @property
@@ -314,8 +344,12 @@ class Engine:
         *,
         request_id: str | None = None,
         on_event: EventCallback | None = None,
+        cache_salt: str | None = None,
     ) -> RequestHandle:
-        """Queue a request; thread-safe. Bad requests raise ``RequestError`` here."""
+        """Queue a request; thread-safe. Bad requests raise ``RequestError`` here.
+
+        ``cache_salt`` (else ``request.cache_salt``): the request reuses only prefixes cached
+        by requests with the same salt."""
         if not isinstance(request, GenerateRequest):
             is_text = isinstance(request, str)
             request = GenerateRequest(
@@ -323,6 +357,12 @@ class Engine:
                 input_ids=None if is_text else request,
                 sampling=sampling,
                 request_id=request_id,
+            )
+        salt = request.cache_salt if cache_salt is None else cache_salt
+        # (A server may put a tenant's name, at most as long, and a separator before it.)
+        if not isinstance(salt, str) or len(salt) > 2 * MAX_CACHE_SALT_CHARS + 1:
+            raise RequestError(
+                f"cache_salt must be a string of at most {MAX_CACHE_SALT_CHARS} characters"
             )
         params = self._sampling_params(request.sampling)
         prompt_ids = self._prompt_ids(request)
@@ -349,6 +389,7 @@ class Engine:
             generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
             constraint=constraint,
             first_token_mask=first_token_mask,
+            cache_salt=salt,
         )
         if params.beam_width > 1:
             if constraint is not None:
@@ -592,6 +633,7 @@ class Engine:
         with self._lock:
             closing = not self._closed
             self._closed = True
+        _live_engines.discard(self)
         self._wake.set()
         if self._thread is threading.current_thread():
             return  # called from a callback: the loop ends after this step

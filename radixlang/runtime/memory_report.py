@@ -304,7 +304,8 @@ def collect_memory_report(
     tree_blocks: set[int] = set()
     logical = nodes = leaves = host_nodes = 0
     metadata = _node_bytes(cache.root)
-    stack = list(cache.root.children.values())
+    # Every salt's tree: the nodes right under a root.
+    stack = [n for n in cache.nodes_parents_first() if n.parent is None or n.parent.parent is None]
     while stack:
         node = stack.pop()
         nodes += 1

@@ -176,7 +176,12 @@ class RadixCache:
         self.tier = tier
         self.block_size = pool.block_size
         self._next_id = 0
+        # One root per cache salt: prefixes cached under different salts never match (tenant
+        # isolation). ``root`` is the default salt's ("") and always exists; another salt's root
+        # is made by its first insert and dropped when its last child goes.
         self.root = self._new_node([], 0, [], None)
+        self._roots: dict[str, _Node] = {"": self.root}
+        self._root_salts: dict[_Node, str] = {self.root: ""}
         self._clock = 0
         self._evictable_blocks = 0
         self._protected_blocks = 0
@@ -199,22 +204,24 @@ class RadixCache:
         self.tier_dropped_tokens_total = 0  # tiered tokens dropped for good (the tier was full)
 
     # ---- queries -------------------------------------------------------------------------
-    def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
+    def match_prefix(self, tokens: Sequence[int], salt: str = "") -> MatchResult:
         """Longest cached prefix of ``tokens``, to the token.
 
         A match that ends inside a node splits it, so the handle names exactly the matched path.
-        Touches the path for LRU and counts a hit on each node of it.
+        Touches the path for LRU and counts a hit on each node of it. Only prefixes inserted
+        under the same ``salt`` match.
         """
         key = _as_token_list(tokens)
         self._clock += 1
-        path, _ = self._walk(key, split=True)
+        root = self._root(salt)
+        path, _ = self._walk(key, split=True, root=root)
         loaded = 0
         if path and path[-1].tiered:
             path, loaded = self._load(path)
         for node in path:
             node.last_access = self._clock
             node.hits += 1
-        end_node = path[-1] if path else self.root
+        end_node = path[-1] if path else root
         self._refresh_candidate(end_node)
         length = end_node.end
         self.match_queries += 1
@@ -222,22 +229,26 @@ class RadixCache:
         self.match_hit_tokens += length
         return MatchResult(length, self._block_table(path), CacheHandle(end_node), loaded)
 
-    def peek_prefix_len(self, tokens: Sequence[int]) -> int:
+    def peek_prefix_len(self, tokens: Sequence[int], salt: str = "") -> int:
         """Length of the longest cached prefix (tiered nodes count: a match loads them),
         without splitting or touching anything."""
-        return self._walk(_as_token_list(tokens), split=False)[1]
+        root = self._roots.get(salt)
+        if root is None:
+            return 0
+        return self._walk(_as_token_list(tokens), split=False, root=root)[1]
 
-    def handle_of(self, tokens: Sequence[int]) -> CacheHandle:
+    def handle_of(self, tokens: Sequence[int], salt: str = "") -> CacheHandle:
         """A handle on the node that ends exactly after ``tokens``, which must all be cached.
 
         For a writer that has just inserted its progress and wants to lock what it inserted;
         unlike :meth:`match_prefix` it counts no query in the hit statistics.
         """
         key = _as_token_list(tokens)
-        path, length = self._walk(key, split=True)
+        root = self._root(salt)
+        path, length = self._walk(key, split=True, root=root)
         if length != len(key):
             raise KeyError(f"only {length} of the {len(key)} tokens are cached")
-        return CacheHandle(path[-1] if path else self.root)
+        return CacheHandle(path[-1] if path else root)
 
     def evictable_size(self) -> int:
         """Blocks held only by unlocked nodes: what evicting everything would free, at most."""
@@ -292,13 +303,14 @@ class RadixCache:
         }
 
     # ---- updates -------------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], blocks: Sequence[int]) -> int:
+    def insert(self, tokens: Sequence[int], blocks: Sequence[int], salt: str = "") -> int:
         """Add a sequence whose KV lives in ``blocks``; returns how many tokens were cached.
 
         ``blocks`` is the sequence's block table (at least ``ceil(len(tokens)/block_size)``
         blocks; extra trailing blocks are ignored). The tree references the blocks it adopts for
         the uncached suffix; the caller keeps its own references and drops them when done, which
-        frees its duplicates of the already cached prefix.
+        frees its duplicates of the already cached prefix. The sequence is cached under
+        ``salt``: only matches with the same salt find it.
         """
         key = _as_token_list(tokens)
         blocks = list(blocks)
@@ -309,12 +321,13 @@ class RadixCache:
                 f"{len(key)} tokens need {need} blocks of {bs}, but {len(blocks)} were given"
             )
         self._clock += 1
-        path, _ = self._walk(key, split=True)
+        root = self._root(salt)
+        path, _ = self._walk(key, split=True, root=root)
         for node in path:
             node.last_access = self._clock
             if node.tiered:  # the writer holds this KV too: take its blocks, not the tier's
                 self._adopt(node, blocks)
-        parent = path[-1] if path else self.root
+        parent = path[-1] if path else root
         cached = parent.end
         if cached < len(key):
             first, last = cached // bs, (len(key) - 1) // bs
@@ -323,6 +336,9 @@ class RadixCache:
             leaf = self._new_node(key[cached:], cached, leaf_blocks, parent)
             leaf.last_access = self._clock
             parent.children[key[cached]] = leaf
+            if parent is root and salt not in self._roots:
+                self._roots[salt] = root  # the salt's first prefix: its root joins the tree
+                self._root_salts[root] = salt
             leaf.own_blocks = self._count_own_blocks(leaf)
             self._evictable_blocks += leaf.own_blocks
             self._num_nodes += 1
@@ -334,7 +350,7 @@ class RadixCache:
     def lock(self, handle: CacheHandle) -> None:
         """Protect the path from the root to ``handle`` from eviction (counted; nestable)."""
         node = self._live_node(handle)
-        while node is not self.root:
+        while node.parent is not None:
             node.lock_ref += 1
             if node.lock_ref == 1:
                 self._evictable_blocks -= node.own_blocks
@@ -345,9 +361,9 @@ class RadixCache:
     def unlock(self, handle: CacheHandle) -> None:
         """Undo one :meth:`lock` of the same handle."""
         node = self._live_node(handle)
-        if node is not self.root and node.lock_ref == 0:
+        if node.parent is not None and node.lock_ref == 0:
             raise RuntimeError(f"unlock of {handle!r}, which is not locked")
-        while node is not self.root:
+        while node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._protected_blocks -= node.own_blocks
@@ -370,7 +386,7 @@ class RadixCache:
         self.evicted_blocks_total += len(freed)
         return freed
 
-    def swap_out(self, tokens: Sequence[int]) -> list[int]:
+    def swap_out(self, tokens: Sequence[int], salt: str = "") -> list[int]:
         """Move the cached path of ``tokens`` to the tier now, leaf first, as far up as its
         nodes are unlocked device leaves; returns the device blocks that became free.
 
@@ -379,12 +395,15 @@ class RadixCache:
         if self.tier is None:
             return []
         key = _as_token_list(tokens)
-        path, length = self._walk(key, split=True)
+        root = self._roots.get(salt)
+        if root is None:
+            return []
+        path, length = self._walk(key, split=True, root=root)
         if not path or length != len(key):
             return []
         freed: list[int] = []
         node = path[-1]
-        while node is not self.root and node in self._candidates:
+        while node.parent is not None and node in self._candidates:
             parent = node.parent
             assert parent is not None
             freed.extend(self._demote(node))
@@ -394,10 +413,11 @@ class RadixCache:
 
     def flush(self) -> list[int]:
         """Drop every cached prefix; refused while any path is locked. Returns freed blocks."""
-        if any(child.lock_ref for child in self.root.children.values()):
+        roots = list(self._roots.values())
+        if any(child.lock_ref for root in roots for child in root.children.values()):
             raise CacheInUseError("cannot flush the radix cache while requests hold locked paths")
         freed: list[int] = []
-        stack = list(self.root.children.values())
+        stack = [child for root in roots for child in root.children.values()]
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
@@ -407,6 +427,8 @@ class RadixCache:
                 assert self.tier is not None
                 self.tier.pool.decref(node.host_blocks)
         self.root.children.clear()
+        self._roots = {"": self.root}
+        self._root_salts = {self.root: ""}
         self._candidates.clear()
         self._heap.clear()
         self._tier_candidates.clear()
@@ -429,7 +451,15 @@ class RadixCache:
         evictable = protected = nodes = tokens = tiered_tokens = 0
         candidates: dict[_Node, int] = {}
         tier_candidates: dict[_Node, int] = {}
-        stack = [self.root]
+        _expect(self._roots.get("") is self.root, "the default salt's root is not the root")
+        _expect(
+            self._root_salts == {r: salt for salt, r in self._roots.items()},
+            "the roots' salts disagree with the roots",
+        )
+        for salt, root in self._roots.items():
+            _expect(root.parent is None and not root.tokens, f"salt {salt!r}: not a root")
+            _expect(salt == "" or bool(root.children), f"salt {salt!r}: an empty root is kept")
+        stack = list(self._roots.values())
         while stack:
             node = stack.pop()
             children_locks = 0
@@ -441,7 +471,7 @@ class RadixCache:
                 _expect(not child.evicted, f"node {child.id}: evicted but still in the tree")
                 children_locks += child.lock_ref
                 stack.append(child)
-            if node is self.root:
+            if node.parent is None:
                 continue
             nodes += 1
             first, last = node.start // bs, (node.end - 1) // bs
@@ -509,7 +539,7 @@ class RadixCache:
     def nodes_parents_first(self) -> list[_Node]:
         """Every node but the root, each after its parent (to save the tree)."""
         out: list[_Node] = []
-        stack = list(self.root.children.values())
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             out.append(node)
@@ -528,8 +558,9 @@ class RadixCache:
         whose path includes it), ``age`` (cache operations since it was last matched or
         inserted: its LRU age) and ``children`` (by first token). The root (``id`` 0, no
         tokens) also carries ``num_nodes``, ``shown_nodes`` (at most ``max_nodes``, depth-first) and
-        ``tree_blocks``, the distinct blocks the tree holds. Read it where nothing mutates the
-        cache (the engine thread: ``Engine._call``)."""
+        ``tree_blocks``, the distinct blocks the tree holds, and ``salted_roots``: the roots of
+        the other cache salts' trees (each with its ``salt``), which count in those figures too.
+        Read it where nothing mutates the cache (the engine thread: ``Engine._call``)."""
         shown = 0
         tree_blocks: set[int] = set()
 
@@ -551,7 +582,13 @@ class RadixCache:
             }
 
         root = info(self.root)
-        stack = [(child, root) for child in reversed(self._ordered_children(self.root))]
+        salted = [info(r) | {"salt": salt} for salt, r in self._roots.items() if salt]
+        pairs = list(zip(self._roots.values(), [root, *salted], strict=True))
+        stack = [
+            (child, root_info)
+            for r, root_info in reversed(pairs)
+            for child in reversed(self._ordered_children(r))
+        ]
         while stack:
             node, parent_info = stack.pop()
             if max_nodes is not None and shown >= max_nodes:
@@ -562,7 +599,12 @@ class RadixCache:
             node_info = info(node)
             parent_info["children"].append(node_info)
             stack.extend((c, node_info) for c in reversed(self._ordered_children(node)))
-        root.update(num_nodes=self._num_nodes, shown_nodes=shown, tree_blocks=len(tree_blocks))
+        root.update(
+            num_nodes=self._num_nodes,
+            shown_nodes=shown,
+            tree_blocks=len(tree_blocks),
+            salted_roots=salted,
+        )
         return root
 
     def render(
@@ -580,12 +622,17 @@ class RadixCache:
             f"hit rate {s['hit_rate']:.1%}"
         ]
         shown = 0
-        stack: list[tuple[_Node, str, bool]] = [
-            (c, "", i == len(self.root.children) - 1)
-            for i, c in enumerate(self._ordered_children(self.root))
-        ][::-1]
+        stack: list[tuple[_Node | str, str, bool]] = []
+        for salt, root in reversed(self._roots.items()):
+            kids = self._ordered_children(root)
+            stack.extend((c, "", i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
+            if salt:
+                stack.append((f"salt {salt!r}:", "", False))
         while stack and shown < max_nodes:
             node, indent, is_last = stack.pop()
+            if isinstance(node, str):  # the header of another salt's tree
+                lines.append(node)
+                continue
             shown += 1
             label = decode(node.tokens) if decode else " ".join(map(str, node.tokens))
             if len(label) > max_chars:
@@ -605,7 +652,32 @@ class RadixCache:
             lines.append(f"… {self._num_nodes - shown} more nodes")
         return "\n".join(lines)
 
+    def salt_of(self, node: _Node) -> str:
+        """The cache salt of the tree ``node`` is in (for saving the tree)."""
+        while node.parent is not None:
+            node = node.parent
+        return self._root_salts.get(node, "")
+
+    @property
+    def salts(self) -> list[str]:
+        """The salts with cached prefixes (the default salt "" always listed first)."""
+        return list(self._roots)
+
     # ---- internals -----------------------------------------------------------------------
+    def _root(self, salt: str) -> _Node:
+        """The root of ``salt``'s tree; for a salt with nothing cached, a fresh root that
+        :meth:`insert` registers once it hangs a prefix under it."""
+        root = self._roots.get(salt)
+        if root is None:
+            root = self._new_node([], 0, [], None)
+        return root
+
+    def _drop_root_if_empty(self, root: _Node) -> None:
+        if root is not self.root and not root.children:
+            salt = self._root_salts.pop(root, None)
+            if salt is not None:
+                del self._roots[salt]
+
     def _new_node(
         self, tokens: list[int], start: int, blocks: list[int], parent: _Node | None
     ) -> _Node:
@@ -613,14 +685,16 @@ class RadixCache:
         self._next_id += 1
         return node
 
-    def _walk(self, key: list[int], split: bool) -> tuple[list[_Node], int]:
+    def _walk(
+        self, key: list[int], split: bool, root: _Node | None = None
+    ) -> tuple[list[_Node], int]:
         """The fully matched nodes along ``key`` (root excluded) and the matched length.
 
         With ``split``, a match that ends inside a node cuts it there, so the path ends exactly
         at the matched length; without, the length may reach into the node after the path.
         """
         path: list[_Node] = []
-        node, pos = self.root, 0
+        node, pos = root if root is not None else self.root, 0
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
@@ -688,7 +762,7 @@ class RadixCache:
             return len(node.blocks)
         first = node.start // bs
         up = node.parent
-        while up is not None and up is not self.root and (up.end - 1) // bs == first:
+        while up is not None and up.parent is not None and (up.end - 1) // bs == first:
             if up.blocks[-1] == node.blocks[0]:
                 return len(node.blocks) - 1
             up = up.parent
@@ -707,6 +781,8 @@ class RadixCache:
         assert parent is not None and not node.children and node.lock_ref == 0
         assert not node.tiered
         del parent.children[node.tokens[0]]
+        if parent.parent is None:
+            self._drop_root_if_empty(parent)
         self._candidates.pop(node, None)
         node.evicted = True
         self._evictable_blocks -= node.own_blocks
@@ -829,6 +905,8 @@ class RadixCache:
         parent = node.parent
         assert parent is not None
         del parent.children[node.tokens[0]]
+        if parent.parent is None:
+            self._drop_root_if_empty(parent)
         self._tier_candidates.pop(node, None)
         node.evicted = True
         self._num_nodes -= 1
@@ -846,7 +924,7 @@ class RadixCache:
     def _refresh_candidate(self, node: _Node) -> None:
         """Keep ``node``'s membership in its eviction heap (device or tier) in step with its
         state: a device node with no device child, or a tiered node with no child at all."""
-        if node is self.root or node.evicted or node.lock_ref:
+        if node.parent is None or node.evicted or node.lock_ref:
             self._candidates.pop(node, None)
             self._tier_candidates.pop(node, None)
             return

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # (token id, log-probability) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
+# The longest cache salt a request may carry.
+MAX_CACHE_SALT_CHARS = 256
 
 
 class FinishReason(enum.StrEnum):
@@ -44,6 +46,9 @@ class GenerateRequest:
     request_id: str | None = None
     # A ready per-token constraint (instead of ``sampling.regex``); one request's, not shared.
     constraint: TokenConstraint | None = None
+    # Prefixes cached under one salt are reused only by requests with the same salt (tenant
+    # isolation: no time-to-first-token side channel across salts).
+    cache_salt: str = ""
 
 
 @dataclass
@@ -201,6 +206,8 @@ class Req:
     sampling_row: SamplingRow | None = field(default=None, repr=False)
     # Beam search: the group this request is one beam of (its own Req is the first beam).
     beam: BeamGroup | None = field(default=None, repr=False)
+    # The radix cache's salt: this request matches and inserts only prefixes of this salt.
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
         if not self.tokens:

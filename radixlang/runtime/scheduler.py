@@ -213,7 +213,7 @@ class Scheduler:
         computed = req.tokens[: req.num_computed]
         self._release(req, cache_kv=True)
         if self.preemption is Preemption.SWAP:
-            self.counters.swapped_out_blocks += len(self.cache.swap_out(computed))
+            self.counters.swapped_out_blocks += len(self.cache.swap_out(computed, req.cache_salt))
         self.running.remove(req)
         req.status = ReqStatus.WAITING
         req.num_retractions += 1
@@ -279,7 +279,7 @@ class Scheduler:
         # block 0), so nothing of it can be inserted: what its prompt put in the cache while
         # whole stays there, and a retracted one recomputes from that.
         if cache_kv and req.num_computed and not released:
-            self.cache.insert(req.tokens[: req.num_computed], req.blocks)
+            self.cache.insert(req.tokens[: req.num_computed], req.blocks, req.cache_salt)
         if req.handle is not None:
             self.cache.unlock(req.handle)
         self.pool.decref([b for b in req.blocks if b != RELEASED] if released else req.blocks)
@@ -291,8 +291,8 @@ class Scheduler:
     def _cache_progress(self, req: Req) -> None:
         """Put the computed part of ``req`` into the cache and lock it instead of the old path."""
         key = req.tokens[: req.num_computed]
-        self.cache.insert(key, req.blocks)
-        handle = self.cache.handle_of(key)
+        self.cache.insert(key, req.blocks, req.cache_salt)
+        handle = self.cache.handle_of(key, req.cache_salt)
         self.cache.lock(handle)
         if req.handle is not None:
             self.cache.unlock(req.handle)
@@ -318,7 +318,7 @@ class Scheduler:
         if i == 0:  # the first release
             if req.handle is not None:
                 self.cache.unlock(req.handle)
-            req.handle = self.cache.handle_of([])
+            req.handle = self.cache.handle_of([], req.cache_salt)
         self.pool.decref(dropped)
 
     # ---- admission -----------------------------------------------------------------------
@@ -328,10 +328,10 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.max_running_requests:
                 break
             key = req.tokens[: req.reuse_limit()]
-            cached = self.cache.peek_prefix_len(key)
+            cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
                 continue  # a prompt being computed holds its next tokens: hit them next step
-            match = self.cache.match_prefix(key)
+            match = self.cache.match_prefix(key, req.cache_salt)
             self.counters.tier_loaded_tokens += match.loaded
             self.cache.lock(match.handle)
             start = match.length
@@ -384,7 +384,8 @@ class Scheduler:
     def _shares_uncached_prefix(self, req: Req, cached: int, inflight: list[Req]) -> bool:
         need = cached + self.defer_min_shared_tokens
         return any(
-            len(other.tokens) >= need
+            other.cache_salt == req.cache_salt  # only requests of one salt share a prefix
+            and len(other.tokens) >= need
             and common_prefix_len(req.tokens[:need], other.tokens[:need]) >= need
             for other in inflight
         )
@@ -395,7 +396,8 @@ class Scheduler:
             return sorted(waiting, key=lambda r: r.arrival)
         if self.policy is SchedulePolicy.LPM:
             cached = {
-                id(r): self.cache.peek_prefix_len(r.tokens[: r.reuse_limit()]) for r in waiting
+                id(r): self.cache.peek_prefix_len(r.tokens[: r.reuse_limit()], r.cache_salt)
+                for r in waiting
             }
             return sorted(waiting, key=lambda r: (-cached[id(r)], r.arrival))
         return dfs_weight_order(waiting)

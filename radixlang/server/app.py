@@ -29,7 +29,7 @@ import math
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from radixlang.config import load_api_keys
 from radixlang.runtime.engine import CacheBusyError, Engine
 from radixlang.runtime.request import FinishReason, GenerateRequest
 from radixlang.server import metrics, native
@@ -88,19 +89,34 @@ class ConcatBody(BaseModel):
 
 
 class _RequireKey:
-    """With ``--api-key``: every route but /health and /metrics needs ``Authorization: Bearer
-    <key>`` (what SGLang's and OpenAI's clients send)."""
+    """With ``--api-key`` or ``--api-keys-file``: every route but /health and /metrics needs
+    ``Authorization: Bearer <key>`` (what SGLang's and OpenAI's clients send). With a keys file
+    the key's tenant goes into the request's state (``tenant``), which salts its cache use."""
 
     OPEN = ("/health", "/metrics")
 
-    def __init__(self, app: Any, api_key: str) -> None:
+    def __init__(
+        self, app: Any, api_key: str | None = None, tenants: Mapping[str, str] | None = None
+    ) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.keys: list[tuple[bytes, str | None]] = []
+        if api_key:
+            self.keys.append((f"Bearer {api_key}".encode(), None))
+        for key, tenant in (tenants or {}).items():
+            self.keys.append((f"Bearer {key}".encode(), tenant))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in self.OPEN:
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            # Every key is compared, in constant time, whatever matched before: how long the
+            # check takes says nothing about which key (or how much of one) was right.
+            found, tenant = False, None
+            for expected, name in self.keys:
+                if hmac.compare_digest(given, expected) and not found:
+                    found, tenant = True, name
+            if found and tenant is not None:
+                scope["state"] = {**scope.get("state", {}), "tenant": tenant}
+            if not found:
                 error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
                                  kind="authentication_error", code="invalid_api_key")  # fmt: skip
                 await error.response(is_openai_path(scope["path"]))(scope, receive, send)
@@ -144,11 +160,15 @@ def create_app(
     api_key: str | None = None,
     max_queued_requests: int | None = None,
     allowed_origins: list[str] | None = None,
+    api_keys_file: str | None = None,
+    api_keys: Mapping[str, str] | None = None,
 ) -> FastAPI:
     """The server's ASGI app. With ``owns_engine`` the app's shutdown stops the engine and
     frees every KV block; with ``api_key`` requests must carry it; ``max_queued_requests``
     refuses work (503, Retry-After) past that many queued requests; ``allowed_origins`` lets
-    browser pages on those origins call the API (CORS)."""
+    browser pages on those origins call the API (CORS). ``api_keys`` (API key -> tenant name)
+    or ``api_keys_file`` (the same in a JSON or TOML file): requests must carry one of those
+    keys (or ``api_key``), and each tenant's requests reuse only its own cached prefixes."""
     model_name = served_model_name or engine.files.name
     texts = TokenTexts(engine.tokenizer)
     openai = OpenAIRoutes(engine, model_name, texts, TokenBytes(engine.tokenizer, texts))
@@ -172,8 +192,11 @@ def create_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
-    if api_key:
-        app.add_middleware(_RequireKey, api_key=api_key)
+    tenants = dict(api_keys or {})
+    if api_keys_file:
+        tenants.update(load_api_keys(api_keys_file))
+    if api_key or tenants:
+        app.add_middleware(_RequireKey, api_key=api_key, tenants=tenants)
     app.add_middleware(_CountRequests, counters=counters)  # outermost: counts refusals too
 
     @app.exception_handler(APIError)

@@ -28,17 +28,24 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult, TopLogprobs
+from radixlang.runtime.request import (
+    MAX_CACHE_SALT_CHARS,
+    FinishReason,
+    GenerateRequest,
+    GenerationResult,
+    TopLogprobs,
+)
 from radixlang.runtime.sampling import STRUCTURED_OUTPUT
 from radixlang.server.common import (
     SSE_DONE,
     APIError,
     TokenTexts,
+    cache_salt,
     engine_failure,
     merged_events,
     parse_body,
@@ -91,7 +98,6 @@ _TOP_LEVEL_UNLESS_OFF = {
     "max_thinking_tokens": "is not supported: the model has no reasoning mode",
     "multi_item_delimiter_indices": "is not supported: there is no multi-item scoring",
     "token_indices_to_pool": "is not supported: there is no pooling",
-    "cache_salt": "is not supported: the prefix cache has one namespace",
     "background": "is not supported",
 }
 # Top-level fields of SGLang's GenerateReqInput that are hints or bookkeeping with no effect
@@ -118,6 +124,8 @@ class GenerateBody(BaseModel):
     return_prompt_token_ids: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
+    # Requests reuse only the cached prefixes of requests with the same salt (and tenant).
+    cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_CHARS)
 
 
 def _is_off(value: Any) -> bool:
@@ -273,6 +281,9 @@ def result_body(
 async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response:
     body = parse_body(sglang_fields(await read_json(request)), GenerateBody)
     items, as_list = parse_items(body)
+    salt = cache_salt(request, body.cache_salt)
+    for it in items:
+        it.request.cache_salt = salt
     prompt_field = "text" if body.text is not None else "input_ids"
     handles = await submit_all(
         engine,

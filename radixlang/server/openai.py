@@ -28,13 +28,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
-from radixlang.runtime.request import FinishReason, GenerateRequest, GenerationResult, StreamEvent
+from radixlang.runtime.request import (
+    MAX_CACHE_SALT_CHARS,
+    FinishReason,
+    GenerateRequest,
+    GenerationResult,
+    StreamEvent,
+)
 from radixlang.server import tools as tooling
 from radixlang.server.common import (
     SSE_DONE,
     APIError,
     TokenBytes,
     TokenTexts,
+    cache_salt,
     engine_failure,
     merged_events,
     read_body,
@@ -65,6 +72,7 @@ class _Body(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM-style extras
+    cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_CHARS)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -256,6 +264,9 @@ class OpenAIRoutes:
         if the body asks for a stream, else one ``kind`` object (``text_completion``,
         ``chat.completion``) with the ``choices`` made of the results; a 499 (and the requests
         aborted) if the client leaves first."""
+        salt = cache_salt(request, body.cache_salt)
+        for r in requests:
+            r.cache_salt = salt
         handles = await submit_all(
             self.engine,
             requests,

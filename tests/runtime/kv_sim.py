@@ -43,9 +43,10 @@ class Served:
     blocks: list[int]
     cached: int
     handle: CacheHandle | None
+    salt: str = ""
 
 
-def serve(cache: RadixCache, store: SlotStore, tokens: Sequence[int]) -> Served:
+def serve(cache: RadixCache, store: SlotStore, tokens: Sequence[int], salt: str = "") -> Served:
     """Reuse the cached prefix, copy its partial block on write, compute the rest, insert.
 
     Returns with the request still holding its blocks and its whole path locked; call release().
@@ -53,7 +54,7 @@ def serve(cache: RadixCache, store: SlotStore, tokens: Sequence[int]) -> Served:
     """
     pool: BlockPool = cache.pool
     tokens = list(tokens)
-    m = cache.match_prefix(tokens)
+    m = cache.match_prefix(tokens, salt)
     cache.lock(m.handle)
     pool.incref(m.blocks)
     blocks = list(m.blocks)
@@ -66,12 +67,12 @@ def serve(cache: RadixCache, store: SlotStore, tokens: Sequence[int]) -> Served:
         cache.unlock(m.handle)
         raise
     store.write(tokens, blocks, m.length)
-    cache.insert(tokens, blocks)
+    cache.insert(tokens, blocks, salt)
     # Like a request that keeps running after its prefill is cached: lock the whole path now.
-    full = cache.match_prefix(tokens)
+    full = cache.match_prefix(tokens, salt)
     cache.lock(full.handle)
     cache.unlock(m.handle)
-    return Served(tokens, blocks, m.length, full.handle)
+    return Served(tokens, blocks, m.length, full.handle, salt)
 
 
 def release(cache: RadixCache, served: Served) -> None:

@@ -674,3 +674,68 @@ def test_callbacks_may_submit_but_not_wait_on_the_engine_thread(folder):
         assert errors and "use submit()" in errors[0]
     finally:
         eng.shutdown()
+
+
+# ---- cache salts -------------------------------------------------------------------------------
+def run_salted(eng: Engine, prompt: list[int], salt: str | None, via_request: bool = False):
+    if via_request:
+        from radixlang.runtime.request import GenerateRequest
+
+        request = GenerateRequest(input_ids=prompt, sampling=GREEDY | {"max_new_tokens": 2})
+        request.cache_salt = salt or ""
+        handle = eng.submit(request)
+    else:
+        handle = eng.submit(prompt, GREEDY | {"max_new_tokens": 2}, cache_salt=salt)
+    while not handle.done:
+        eng.step()
+    return handle.result()
+
+
+def test_cache_salt_isolates_prefixes(folder):
+    eng = engine(folder)
+    prompt = [random.Random(31).randrange(3, VOCAB) for _ in range(40)]
+    first = run_salted(eng, prompt, "a")
+    assert first.cached_tokens == 0
+    again = run_salted(eng, prompt, "a", via_request=True)
+    assert again.cached_tokens >= 36  # reused within the salt
+    other = run_salted(eng, prompt, "b")
+    assert other.cached_tokens == 0  # never across salts
+    default = run_salted(eng, prompt, None)
+    assert default.cached_tokens == 0  # nor with the default salt
+    assert run_salted(eng, prompt, "").cached_tokens >= 36
+    assert run_salted(eng, prompt, "b").cached_tokens >= 36
+    assert again.output_ids == other.output_ids == default.output_ids == first.output_ids
+    with pytest.raises(RequestError, match="cache_salt"):
+        eng.submit(prompt, GREEDY, cache_salt="x" * 1000)
+    idle_blocks_are_free_or_cached(eng)
+
+
+def test_requests_of_different_salts_do_not_wait_for_each_other(folder):
+    """A waiting request is deferred behind an in-flight one that computes its prefix only when
+    both have one salt: another salt's prefill would never be reused."""
+    eng = engine(folder, max_batch_tokens=8)
+    prompt = [random.Random(32).randrange(3, VOCAB) for _ in range(40)]
+    handles = [
+        eng.submit(prompt, GREEDY | {"max_new_tokens": 1}, cache_salt=salt)
+        for salt in ("a", "b", "a")
+    ]
+    while not all(h.done for h in handles):
+        eng.step()
+    a1, b, a2 = (h.result() for h in handles)
+    assert b.cached_tokens == 0 and a1.cached_tokens == 0
+    assert a2.cached_tokens > 0
+    idle_blocks_are_free_or_cached(eng)
+
+
+def test_a_saved_cache_keeps_its_salts(folder, tmp_path):
+    prompt = [random.Random(33).randrange(3, VOCAB) for _ in range(30)]
+    e = engine(folder, cache_dir=tmp_path)
+    run_salted(e, prompt, "a")
+    e.shutdown()
+    again = engine(folder, cache_dir=tmp_path)
+    assert again.cache_load_report["loaded"] is True
+    assert again.cache.salts == ["", "a"]
+    assert run_salted(again, prompt, None).cached_tokens == 0
+    assert run_salted(again, prompt, "a").cached_tokens >= 28
+    again.check_integrity()
+    again.shutdown()

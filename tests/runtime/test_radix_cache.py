@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from kv_sim import SlotStore, release, serve
+from kv_sim import SlotStore, SlotTier, release, serve
 
 from radixlang.runtime.block_pool import BlockPool, IntegrityError, OutOfBlocksError
 from radixlang.runtime.radix_cache import (
@@ -423,3 +423,85 @@ def test_common_prefix_len_agrees_with_a_plain_loop(key, node, pos):
     while expected < min(len(rest), len(node)) and rest[expected] == node[expected]:
         expected += 1
     assert common_prefix_len(key, node, pos) == expected
+
+
+# ---- cache salts: one tree per salt --------------------------------------------------------
+def insert_salted(cache: RadixCache, store: SlotStore, tokens: list[int], salt: str) -> None:
+    blocks = cache.pool.alloc(cache.pool.blocks_for_tokens(len(tokens)))
+    store.write(tokens, blocks, 0)
+    cache.insert(tokens, blocks, salt)
+    cache.pool.decref(blocks)
+
+
+def test_prefixes_never_match_across_salts():
+    cache, store = make_cache()
+    tokens = list(range(10))
+    insert_salted(cache, store, tokens, "a")
+    assert cache.peek_prefix_len(tokens, "b") == 0
+    assert cache.match_prefix(tokens, "b").length == 0
+    assert cache.match_prefix(tokens).length == 0  # nor under the default salt
+    assert cache.peek_prefix_len(tokens) == 0
+    with pytest.raises(KeyError):
+        cache.handle_of(tokens, "b")
+    assert cache.swap_out(tokens, "b") == []
+    insert_fresh(cache, store, tokens)  # the default salt's copy: its own blocks
+    assert cache.match_prefix(tokens, "zzz").length == 0
+    assert set(cache.match_prefix(tokens).blocks).isdisjoint(cache.match_prefix(tokens, "a").blocks)
+    assert cache.num_nodes == 2 and cache.cached_tokens == 20
+    cache.check_integrity({})
+
+
+def test_a_salt_reuses_its_own_prefixes_fully():
+    cache, store = make_cache()
+    tokens = list(range(10))
+    insert_salted(cache, store, tokens, "a")
+    m = cache.match_prefix(tokens, "a")
+    assert m.length == 10 and store.read_ok(tokens, m.blocks, 10)
+    assert cache.match_prefix([*tokens[:6], 99], "a").length == 6  # splits within the salt
+    assert cache.handle_of(tokens[:6], "a").length == 6
+    served = serve(cache, store, [*tokens, 42])  # default salt: computes all of it
+    assert served.cached == 0
+    release(cache, served)
+    cache.check_integrity({})
+
+
+def test_salted_locks_evictions_and_flush():
+    cache, store = make_cache(num_blocks=8)
+    insert_salted(cache, store, [1, 2, 3, 4, 5, 6, 7, 8], "a")  # 2 blocks
+    insert_salted(cache, store, [1, 2, 3, 4, 5, 6, 7, 8], "b")  # 2 more
+    insert_fresh(cache, store, [1, 2, 3, 4])  # 1 block, default salt
+    assert cache.salts == ["", "a", "b"]
+    m = cache.match_prefix([1, 2, 3, 4, 5, 6, 7, 8], "b")  # "b" is now the most recent
+    cache.lock(m.handle)
+    assert cache.protected_size() == 2 and cache.evictable_size() == 3
+    with pytest.raises(CacheInUseError):
+        cache.flush()
+    # LRU runs over every salt's leaves: "a" (older), then the default one; never locked "b".
+    assert len(cache.evict(8)) == 3
+    assert cache.match_prefix([1, 2, 3, 4], "a").length == 0
+    assert cache.salts == ["", "b"]  # an emptied salt's root is dropped
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6, 7, 8], "b").length == 8
+    cache.check_integrity({})
+    assert "salt 'b'" in cache.render()
+    described = cache.describe()
+    assert [r["salt"] for r in described["salted_roots"]] == ["b"]
+    assert described["num_nodes"] == 1 and described["salted_roots"][0]["children"]
+    assert [cache.salt_of(n) for n in cache.nodes_parents_first()] == ["b"]
+    cache.unlock(m.handle)
+    cache.flush()
+    assert cache.salts == [""] and cache.num_nodes == 0
+    assert cache.pool.num_free == cache.pool.num_blocks
+    cache.check_integrity({})
+
+
+def test_salted_trees_with_a_tier():
+    store = SlotStore(8, BS)
+    pool = BlockPool(8, BS, copy_hook=store.copy)
+    cache = RadixCache(pool, SlotTier(store, 16))
+    tokens = list(range(8))
+    insert_salted(cache, store, tokens, "a")
+    assert len(cache.swap_out(tokens, "a")) == 2 and cache.tiered_tokens == 8
+    assert cache.peek_prefix_len(tokens) == 0 and cache.match_prefix(tokens).length == 0
+    m = cache.match_prefix(tokens, "a")
+    assert (m.length, m.loaded) == (8, 8) and store.read_ok(tokens, m.blocks, 8)
+    cache.check_integrity({})

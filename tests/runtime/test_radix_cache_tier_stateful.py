@@ -23,6 +23,8 @@ from radixlang.runtime.block_pool import BlockPool, OutOfBlocksError
 from radixlang.runtime.radix_cache import CacheInUseError, RadixCache
 
 token_lists = st.lists(st.integers(0, 2), min_size=0, max_size=14)
+# Cache salts: prefixes inserted under one never match under another.
+salts = st.sampled_from(["", "", "s"])
 
 
 class TierMachine(RuleBasedStateMachine):
@@ -37,64 +39,63 @@ class TierMachine(RuleBasedStateMachine):
         self.tier = SlotTier(self.store, self.tier_blocks)
         self.cache = RadixCache(self.pool, self.tier)
         self.requests: list[Served] = []
-        self.inserted: set[tuple[int, ...]] = {()}
+        self.inserted: set[tuple[str, tuple[int, ...]]] = {("", ()), ("s", ())}
         # 50 steps insert at most 50 * 14 tokens: 400 blocks never fill, so nothing is dropped.
         self.lossless = self.tier_blocks >= 400
 
-    def expected(self, tokens: list[int]) -> int:
+    def expected(self, tokens: list[int], salt: str) -> int:
         n = 0
-        while n < len(tokens) and tuple(tokens[: n + 1]) in self.inserted:
+        while n < len(tokens) and (salt, tuple(tokens[: n + 1])) in self.inserted:
             n += 1
         return n
 
-    def checked_match(self, tokens: list[int]):
+    def checked_match(self, tokens: list[int], salt: str):
         free_before = self.pool.num_free
-        m = self.cache.match_prefix(tokens)
+        m = self.cache.match_prefix(tokens, salt)
         assert m.handle.length == m.length
         assert len(m.blocks) == self.pool.blocks_for_tokens(m.length)
-        assert m.length <= self.expected(tokens), "matched tokens never inserted"
+        assert m.length <= self.expected(tokens, salt), "matched tokens never inserted"
         assert self.store.read_ok(tokens, m.blocks, m.length), "match returned wrong KV"
         assert 0 <= m.loaded <= m.length
         if self.lossless and free_before >= self.pool.blocks_for_tokens(len(tokens)) + 1:
-            assert m.length == self.expected(tokens), "an inserted prefix was lost"
+            assert m.length == self.expected(tokens, salt), "an inserted prefix was lost"
         return m
 
-    @rule(tokens=token_lists, keep=st.booleans())
-    def run_request(self, tokens: list[int], keep: bool) -> None:
+    @rule(tokens=token_lists, keep=st.booleans(), salt=salts)
+    def run_request(self, tokens: list[int], keep: bool, salt: str) -> None:
         need = self.pool.blocks_for_tokens(len(tokens)) + 1
         if need > self.pool.num_free:
             self.cache.evict(need - self.pool.num_free)
         try:
-            served = serve(self.cache, self.store, tokens)
+            served = serve(self.cache, self.store, tokens, salt)
         except OutOfBlocksError:
             return
         assert self.store.read_ok(tokens, served.blocks, len(tokens))
-        self.inserted.update(tuple(tokens[:i]) for i in range(len(tokens) + 1))
+        self.inserted.update((salt, tuple(tokens[:i])) for i in range(len(tokens) + 1))
         if keep:
             self.requests.append(served)
         else:
             release(self.cache, served)
 
-    @rule(tokens=token_lists)
-    def match(self, tokens: list[int]) -> None:
-        self.checked_match(tokens)
+    @rule(tokens=token_lists, salt=salts)
+    def match(self, tokens: list[int], salt: str) -> None:
+        self.checked_match(tokens, salt)
 
-    @rule(tokens=token_lists)
-    def peek(self, tokens: list[int]) -> None:
-        n = self.cache.peek_prefix_len(tokens)
-        assert n <= self.expected(tokens)
+    @rule(tokens=token_lists, salt=salts)
+    def peek(self, tokens: list[int], salt: str) -> None:
+        n = self.cache.peek_prefix_len(tokens, salt)
+        assert n <= self.expected(tokens, salt)
         if self.lossless:
-            assert n == self.expected(tokens), "an inserted prefix was lost"
+            assert n == self.expected(tokens, salt), "an inserted prefix was lost"
 
-    @rule(tokens=token_lists, lock=st.booleans())
-    def hold_prefix(self, tokens: list[int], lock: bool) -> None:
-        m = self.checked_match(tokens)
+    @rule(tokens=token_lists, lock=st.booleans(), salt=salts)
+    def hold_prefix(self, tokens: list[int], lock: bool, salt: str) -> None:
+        m = self.checked_match(tokens, salt)
         self.pool.incref(m.blocks)
         if lock:
             self.cache.lock(m.handle)
-        self.requests.append(
-            Served(tokens[: m.length], list(m.blocks), m.length, m.handle if lock else None)
-        )
+        held = m.handle if lock else None
+        self.requests.append(Served(tokens[: m.length], list(m.blocks), m.length, held, salt))
 
     @precondition(lambda self: self.requests)
     @rule(i=st.integers(0, 1000))
@@ -109,7 +110,7 @@ class TierMachine(RuleBasedStateMachine):
         tokens = served.tokens
         release(self.cache, served)
         free_before = self.pool.num_free
-        freed = self.cache.swap_out(tokens)
+        freed = self.cache.swap_out(tokens, served.salt)
         assert self.pool.num_free == free_before + len(freed)
         assert all(self.pool.refcount(b) == 0 for b in freed)
 
@@ -128,7 +129,7 @@ class TierMachine(RuleBasedStateMachine):
             assert any(r.handle is not None and r.handle.length for r in self.requests)
             return
         assert self.cache.tiered_tokens == 0 and self.tier.pool.num_free == self.tier_blocks
-        self.inserted = {()}
+        self.inserted = {("", ()), ("s", ())}
 
     @invariant()
     def integrity(self) -> None:

@@ -251,3 +251,60 @@ def test_a_failed_forward_is_a_500_and_the_server_goes_on(client, engine, monkey
     assert "injected fault" in failed.json()["error"]["message"]
     assert client.post("/generate", json=body).status_code == 200
     assert_no_leak(client)
+
+
+def test_cache_salt_separates_cached_prefixes(client):
+    text = "A long shared system prompt for salted requests: " + "gamma delta " * 20
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+
+    def cached(salt: str | None) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        return generate(client, **body, **extra)["meta_info"]["cached_tokens"]
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") > 20  # reused within the salt
+    assert cached("tenant-b") == 0  # never across salts
+    assert cached(None) == 0  # nor by the default salt
+    assert cached(None) > 20
+    for bad, why in (("x" * 257, "at most 256"), (7, "string")):
+        refused = client.post("/generate", json={**body, "cache_salt": bad})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "cache_salt" and why in error["message"], error
+    assert_no_leak(client)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_api_keys_file_gives_each_tenant_its_own_cache(engine, tmp_path, suffix):
+    from radixlang.server.app import serve_in_thread
+
+    keys = tmp_path / f"keys{suffix}"
+    if suffix == ".json":
+        keys.write_text(json.dumps({"key-one": "alice", "key-two": "bob", "key-3": "alice"}))
+    else:
+        keys.write_text('key-one = "alice"\nkey-two = "bob"\nkey-3 = "alice"\n')
+    text = f"{suffix[1:]}: the tenants' shared prompt, " + "epsilon zeta " * 20
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    with (
+        serve_in_thread(engine, api_keys_file=str(keys)) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as c,
+    ):
+
+        def cached(key: str, salt: str | None = None) -> int:
+            extra = {} if salt is None else {"cache_salt": salt}
+            headers = {"Authorization": f"Bearer {key}"}
+            out = c.post("/generate", json={**body, **extra}, headers=headers)
+            assert out.status_code == 200, out.text
+            return out.json()["meta_info"]["cached_tokens"]
+
+        assert cached("key-one") == 0
+        assert cached("key-one") > 20  # within a tenant
+        assert cached("key-3") > 20  # another key of the same tenant
+        assert cached("key-two") == 0  # never across tenants
+        assert cached("key-two", "s") == 0 and cached("key-one", "s") == 0  # even with a salt
+        assert cached("key-one", "s") > 20
+        assert c.post("/generate", json=body).status_code == 401
+        wrong = c.post("/generate", json=body, headers={"Authorization": "Bearer key-four"})
+        assert wrong.status_code == 401
+        assert c.get("/health").status_code == 200
+        wait_idle(c)

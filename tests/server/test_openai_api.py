@@ -174,3 +174,31 @@ def test_beam_search_through_the_openai_client(oai, model, engine):
     with pytest.raises(openai.BadRequestError, match="beam_width"):
         oai.completions.create(model=model, prompt="x", max_tokens=4, n=2,
                                extra_body={"beam_width": 2})  # fmt: skip
+
+
+def test_cache_salt_as_an_extra_body_field(oai, model):
+    prompt = "A long salted system prompt for OpenAI clients: " + "theta iota " * 20
+    messages = [{"role": "system", "content": prompt}, {"role": "user", "content": "Hi"}]
+
+    def completion_cached(salt: str | None) -> int:
+        extra = None if salt is None else {"cache_salt": salt}
+        out = oai.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0,
+                                     extra_body=extra)  # fmt: skip
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    def chat_cached(salt: str) -> int:
+        extra = {"cache_salt": salt}
+        out = oai.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                                          temperature=0, extra_body=extra)  # fmt: skip
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert completion_cached("one") == 0
+    assert completion_cached("one") > 20
+    assert completion_cached("two") == 0
+    assert completion_cached(None) == 0
+    assert chat_cached("three") == 0
+    assert chat_cached("three") > 20
+    assert chat_cached("four") == 0
+    with pytest.raises(openai.BadRequestError) as refused:
+        completion_cached("x" * 300)
+    assert refused.value.body["param"] == "cache_salt"

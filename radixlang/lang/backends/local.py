@@ -7,6 +7,7 @@ makes the shared part free, so branches, turns and batch items never recompute a
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,31 @@ from typing import Any
 from radixlang.lang.backends.base import Backend
 from radixlang.lang.chat_template import ChatTemplate, from_tokenizer
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.interpreter import join_program_threads
 from radixlang.lang.run_options import runtime_made, with_runtime_defaults
 from radixlang.models import ModelFiles
-from radixlang.runtime.engine import Engine
+from radixlang.runtime.engine import Engine, shutdown_live_engines
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import GenerateRequest, GenerationResult
+
+# How long the exit hook waits for programs' threads once their engines are shut down.
+EXIT_JOIN_TIMEOUT_S = 5.0
+
+
+def _stop_programs_at_exit() -> None:
+    """At interpreter exit: shut the engines down, then wait for the programs' threads.
+
+    atexit runs hooks last-registered first, so this runs before the engine module's own
+    ``shutdown_live_engines`` hook (that module is imported, and registers, first); running it
+    here too keeps the order whichever runs first. Engines first: aborting their requests is
+    what lets program threads blocked on a result go on, fail (the engine refuses new
+    requests) and end. Then those threads are joined, so none is inside native code (a
+    tokenizer call) when finalization freezes daemon threads, which would abort the process."""
+    shutdown_live_engines()
+    join_program_threads(EXIT_JOIN_TIMEOUT_S)
+
+
+atexit.register(_stop_programs_at_exit)
 
 
 class LocalBackend(Backend):

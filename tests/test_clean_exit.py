@@ -1,0 +1,152 @@
+"""A process that ends with programs, forks and streams still in flight exits cleanly.
+
+Each case runs a small script in a subprocess on the tiny chat model: a ``run_batch`` of forking
+programs on a daemon thread and a streamed generation are in flight when the main module ends
+normally, raises, or gets Ctrl-C. The exit hooks (``shutdown_live_engines`` in the engine
+module, ``_stop_programs_at_exit`` in ``lang/backends/local.py``) shut the engines down and join
+their threads before finalization freezes daemon threads; without them the engine thread is
+frozen inside a forward pass and the process aborts ("terminate called without an active
+exception", status 134).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import atexit, sys, threading, time
+
+    model, mode = sys.argv[1], sys.argv[2]
+    def after_radixlang_hook():  # registered first, so it runs after radixlang's exit hook
+        if rt.engine.is_running:
+            print("the engine still runs", flush=True)
+        else:  # shutting down again, twice, from an exit hook, is harmless
+            rt.shutdown()
+            rt.shutdown()
+            print("shut down", flush=True)
+
+    if mode == "ok":
+        atexit.register(after_radixlang_hook)
+    import radixlang as sgl
+
+    rt = sgl.Runtime(model_path=model, kv_memory="64MiB", dtype="float32")
+    sgl.set_default_backend(rt)
+
+    @sgl.function
+    def branches(s, topic):
+        s += "Tell me about " + topic + ".\\n"
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f += f"Point {i}:" + sgl.gen("point", max_tokens=48, ignore_eos=True)
+        forks.join()
+
+    @sgl.function
+    def story(s):
+        s += "Once upon a time" + sgl.gen("story", max_tokens=2000, ignore_eos=True)
+
+    started = threading.Event()
+
+    def batch():
+        started.set()
+        branches.run_batch([{"topic": t} for t in "ab"])
+
+    threading.Thread(target=batch, daemon=True).start()
+    started.wait()
+    state = story.run(stream=True)
+    pieces = state.text_iter("story")
+    next(p for p in pieces if p)
+    time.sleep(0.3)  # the batch's forks reach the engine
+    print("in flight", flush=True)
+    if mode == "raise":
+        raise RuntimeError("the program's own error")
+    if mode == "sigint":
+        for _ in pieces:  # Ctrl-C arrives while the main thread reads the stream
+            pass
+        sys.exit("the stream ended before the SIGINT came")
+    if mode == "sglang":
+        # SGLang's own test program fails on a missing key in the stream's meta_info.
+        from sglang.test import test_programs
+
+        test_programs.sgl = sgl
+        stream = rt.generate_stream
+
+        def without_logprobs(prompt, sampling):
+            for text, meta in stream(prompt, sampling):
+                meta.pop("output_token_logprobs", None)
+                meta.pop("output_token_logprobs_length", None)
+                yield text, meta
+
+        rt.generate_stream = without_logprobs
+        test_programs.test_stream_logprobs()
+    """
+)
+
+NATIVE_FAILURES = ("terminate called", "Fatal Python error", "Exception in thread", "Aborted")
+
+
+def start(chat_model_dir, tmp_path, mode: str) -> subprocess.Popen[str]:
+    script = tmp_path / "program.py"
+    script.write_text(SCRIPT)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(chat_model_dir), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the process did not exit; stderr:\n{err}")
+    for failure in NATIVE_FAILURES:
+        assert failure not in err, err
+    return out, err
+
+
+def test_normal_end_with_programs_in_flight_exits_0(chat_model_dir, tmp_path):
+    proc = start(chat_model_dir, tmp_path, "ok")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert out == "in flight\nshut down\n" and err == ""
+
+
+def test_uncaught_exception_exits_1_with_only_its_traceback(chat_model_dir, tmp_path):
+    proc = start(chat_model_dir, tmp_path, "raise")
+    out, err = finish(proc)
+    assert proc.returncode == 1, err
+    assert out == "in flight\n"
+    assert err.startswith("Traceback (most recent call last):\n")
+    assert err.endswith("RuntimeError: the program's own error\n")
+    assert err.count("Traceback") == 1
+
+
+def test_sigint_exits_as_plain_python_does(chat_model_dir, tmp_path):
+    proc = start(chat_model_dir, tmp_path, "sigint")
+    assert proc.stdout is not None and proc.stdout.readline() == "in flight\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = finish(proc)
+    # Plain Python re-raises an uncaught KeyboardInterrupt as SIGINT: status -2 here, 130 in
+    # a shell.
+    assert proc.returncode == -signal.SIGINT, err
+    assert err.startswith("Traceback (most recent call last):\n")
+    assert err.endswith("KeyboardInterrupt\n") and err.count("Traceback") == 1
+
+
+def test_sglangs_failing_test_program_exits_cleanly(chat_model_dir, tmp_path):
+    pytest.importorskip("sglang.test.test_programs")
+    proc = start(chat_model_dir, tmp_path, "sglang")
+    _, err = finish(proc)
+    assert proc.returncode == 1, err
+    assert "test_stream_logprobs" in err
+    assert err.rstrip().endswith("AssertionError")
+    assert err.count("Traceback") == 1
