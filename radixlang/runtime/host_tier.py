@@ -39,7 +39,6 @@ class HostTier:
         dims = (kv.shape.num_layers, num_blocks, kv.block_size, kv.shape.kv_heads)
         dims += (kv.shape.head_dim,)
         self.device = kv.k.device
-        self.path: Path | None = None
         if self.device.type == "cuda":
             self.k = torch.zeros(dims, dtype=kv.dtype, pin_memory=True)
             self.v = torch.zeros(dims, dtype=kv.dtype, pin_memory=True)
