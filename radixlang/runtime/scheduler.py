@@ -27,6 +27,7 @@ from radixlang.runtime.block_pool import (
     RELEASED,
     BlockPool,
     IntegrityError,
+    OutOfBlocksError,
     blocks_for,
     dead_blocks,
 )
@@ -240,9 +241,15 @@ class Scheduler:
             victim = self._retract_victim()
             self.retract(victim)
             plan = [(r, n) for r, n in plan if r is not victim]
+        failed = []
         for req, k in short:
-            req.blocks += self.pool.alloc(k)
-        return plan
+            try:
+                req.blocks += self.pool.alloc(k)  # all k or none
+            except OutOfBlocksError:  # the pool failed us after all: this request waits
+                failed.append(req)
+        for req in failed:  # its KV stays in the cache; it is admitted again when there is room
+            self.retract(req)
+        return [(r, n) for r, n in plan if r not in failed] if failed else plan
 
     def _short_of_blocks(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
         """``(request, blocks it still needs)`` for the planned requests that need any."""
@@ -324,6 +331,7 @@ class Scheduler:
     # ---- admission -----------------------------------------------------------------------
     def _admit(self, plan: list[tuple[Req, int]], budget: int, out: Schedule) -> None:
         inflight = [r for r in self.running if r.is_prefilling]
+        bs = self.block_size
         for req in self._ordered_waiting():
             if budget <= 0 or len(self.running) >= self.max_running_requests:
                 break
@@ -336,8 +344,8 @@ class Scheduler:
             self.cache.lock(match.handle)
             start = match.length
             n = self._chunk_len(req, budget, start)
-            partial = start % self.block_size if n else 0
-            need = blocks_for(start + n, self.block_size) - len(match.blocks) + bool(partial)
+            partial = start % bs if n else 0
+            need = blocks_for(start + n, bs) - len(match.blocks) + bool(partial)
             available = self.pool.num_free + self.cache.evictable_size()
             if (self.running and need + self._reserve_blocks() > available) or need > available:
                 self.cache.unlock(match.handle)
@@ -347,11 +355,11 @@ class Scheduler:
             if need > self.pool.num_free:  # evictable blocks still shared elsewhere
                 self.cache.unlock(match.handle)
                 break
-            self.pool.incref(match.blocks)
-            blocks = list(match.blocks)
-            if partial:
-                blocks[-1] = self.pool.copy_on_write(blocks[-1], partial)
-            blocks += self.pool.alloc(blocks_for(start + n, self.block_size) - len(blocks))
+            try:
+                blocks = self._take_blocks(match.blocks, partial, blocks_for(start + n, bs))
+            except OutOfBlocksError:  # the pool failed us after all: it holds nothing new
+                self.cache.unlock(match.handle)
+                break
             req.blocks, req.num_computed, req.handle = blocks, start, match.handle
             self.waiting.remove(req)
             req.status = ReqStatus.RUNNING
@@ -369,6 +377,21 @@ class Scheduler:
             budget -= n
             if req.is_prefilling:
                 inflight.append(req)
+
+    def _take_blocks(self, cached: list[int], partial: int, total: int) -> list[int]:
+        """A new request's block table: a reference to each ``cached`` block (the last copied
+        on write when only its first ``partial`` slots are the request's), then fresh blocks up
+        to ``total``. All or nothing: on ``OutOfBlocksError`` it holds no new reference."""
+        fresh = self.pool.alloc(total - len(cached))
+        self.pool.incref(cached)
+        blocks = list(cached)
+        if partial:
+            try:
+                blocks[-1] = self.pool.copy_on_write(blocks[-1], partial)
+            except OutOfBlocksError:
+                self.pool.decref(cached + fresh)
+                raise
+        return blocks + fresh
 
     def _chunk_len(self, req: Req, budget: int, start: int | None = None) -> int:
         start = req.num_computed if start is None else start
@@ -465,9 +488,21 @@ def dfs_weight_order(reqs: Sequence[Req]) -> list[Req]:
     """Depth-first over the trie of the requests' tokens, the subtree with most requests first.
 
     Requests that share a prefix come out next to each other, so the one admitted first computes
-    it and the others follow while it is cached. Works on the lexicographically sorted token
-    lists, where every subtree is a contiguous run.
+    it and the others follow while it is cached. Requests of different cache salts never share
+    a prefix: each salt is its own trie, the salt with most requests first.
     """
+    by_salt: dict[str, list[Req]] = {}
+    for req in reqs:
+        by_salt.setdefault(req.cache_salt, []).append(req)
+    if len(by_salt) == 1:
+        return _dfs_weight_order(reqs)
+    groups = sorted(by_salt.values(), key=lambda g: (-len(g), min(r.arrival for r in g)))
+    return [req for group in groups for req in _dfs_weight_order(group)]
+
+
+def _dfs_weight_order(reqs: Sequence[Req]) -> list[Req]:
+    """``dfs_weight_order`` for requests of one salt. Works on the lexicographically sorted
+    token lists, where every subtree is a contiguous run."""
     ordered = sorted(reqs, key=lambda r: (r.tokens, r.arrival))
     result: list[Req] = []
     stack: list[tuple[int, int, int]] = [(0, len(ordered), 0)]  # [lo, hi) share `depth` tokens

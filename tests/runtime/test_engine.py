@@ -13,7 +13,7 @@ import torch
 from tiny_models import load_reference, make_tiny_model, reference_greedy
 from tiny_models import stepped_engine as engine
 
-from radixlang.runtime.block_pool import blocks_for
+from radixlang.runtime.block_pool import OutOfBlocksError, blocks_for
 from radixlang.runtime.engine import CacheBusyError, Engine, RequestError, parse_memory
 from radixlang.runtime.handle import GenerationError
 from radixlang.runtime.radix_cache import common_prefix_len
@@ -600,10 +600,13 @@ def test_common_prefix_len():
     assert common_prefix_len([5] * 100 + [1], [5] * 100 + [2]) == 100
 
 
+class _R:
+    def __init__(self, tokens, arrival, cache_salt=""):
+        self.tokens, self.arrival, self.cache_salt = tokens, arrival, cache_salt
+
+
 def test_dfs_weight_order_groups_shared_prefixes_largest_first():
-    class R:
-        def __init__(self, tokens, arrival):
-            self.tokens, self.arrival = tokens, arrival
+    R = _R
 
     reqs = [
         R([1, 2, 3], 0),
@@ -617,6 +620,46 @@ def test_dfs_weight_order_groups_shared_prefixes_largest_first():
     order = [r.arrival for r in dfs_weight_order(reqs)]
     # [1, ...] holds four requests, [9, ...] two, [7] one; inside [1, 2, ...] the 3s (two) first
     assert order == [0, 6, 2, 4, 1, 3, 5] or order == [0, 6, 2, 4, 3, 1, 5]
+
+
+def test_dfs_weight_order_never_groups_requests_of_different_salts():
+    # Same tokens, two tenants: a prefix is shared only within a salt, so each salt's
+    # requests come out together, the salt with more requests first.
+    reqs = [_R([1, 2, 3], 0, "a"), _R([1, 2, 3], 1, "b"), _R([1, 2, 4], 2, "a"),
+            _R([1, 2, 3], 3, "b"), _R([1, 2, 3], 4, "b"), _R([5], 5, "a"),
+            _R([9], 6, "b")]  # fmt: skip
+    order = [(r.cache_salt, r.arrival) for r in dfs_weight_order(reqs)]
+    assert order[:4] == [("b", 1), ("b", 3), ("b", 4), ("b", 6)]
+    assert order[4:] in ([("a", 0), ("a", 2), ("a", 5)], [("a", 2), ("a", 0), ("a", 5)])
+
+
+def test_allocation_failures_delay_requests_but_fail_none(folder, monkeypatch):
+    """The pool refuses a third of its allocations at random (as a device out of memory
+    would): admissions and growth wait for the next step instead, every request still ends
+    with its greedy output, no reference is left behind, and integrity holds every step."""
+    items = workload(24, seed=7)
+    params = [GREEDY | {"max_new_tokens": n} for _, n in items]
+    want = [r.output_ids for r in engine(folder).generate([p for p, _ in items], params)]
+    eng = engine(folder, num_blocks=64, max_batch_tokens=32)
+    rng = random.Random(3)
+    alloc = eng.pool.alloc
+    refused = 0
+
+    def flaky_alloc(n):
+        nonlocal refused
+        if n and rng.random() < 1 / 3:
+            refused += 1
+            raise OutOfBlocksError(n, eng.pool.num_free, eng.pool.num_blocks)
+        return alloc(n)
+
+    monkeypatch.setattr(eng.pool, "alloc", flaky_alloc)
+    results = eng.generate([p for p, _ in items], params)
+    assert refused > 10
+    assert [r.finish_reason for r in results] == [FinishReason.LENGTH] * len(items)
+    assert [r.output_ids for r in results] == want
+    assert eng.scheduler.counters.retractions > 0  # growth refused: the request waited
+    monkeypatch.undo()
+    idle_blocks_are_free_or_cached(eng)
 
 
 # ---- on a GPU (compiled Triton kernels) --------------------------------------------------------
