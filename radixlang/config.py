@@ -105,11 +105,11 @@ def _int_kind(description: str, ok: Callable[[int], bool], metavar: str = "N") -
     return Kind(description, check, parse, metavar=metavar)
 
 
-def _number_kind(description: str) -> Kind:
+def _number_kind(description: str, positive: bool = False) -> Kind:
     def check(value: Any) -> float:
         if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
             raise ValueError(description)
-        if value < 0:
+        if value < 0 or (positive and value == 0):
             raise ValueError(description)
         return float(value)
 
@@ -170,6 +170,7 @@ POSITIVE_INT = _int_kind("a positive integer", lambda v: v > 0)
 INTEGER = _int_kind("an integer", lambda v: True)
 PORT = _int_kind("a port number from 0 to 65535", lambda v: 0 <= v <= 65535, "PORT")
 SECONDS = _number_kind("a number of seconds >= 0")
+POSITIVE_SECONDS = _number_kind("a number of seconds > 0", positive=True)
 SIZE = Kind(
     "a size such as '512MiB' or '2GiB', or a number of bytes",
     _size_check,
@@ -243,6 +244,9 @@ ENGINE_SETTINGS = (
     Setting("engine", "cache_dir", TEXT, None,
             "a folder where the radix cache is saved at shutdown and loaded at start (and "
             "where the host tier's file lives)", metavar="DIR"),
+    Setting("engine", "grammar_compile_timeout", POSITIVE_SECONDS, None,
+            "seconds one request's regex, JSON schema or grammar may take to compile (default "
+            "5); a slower one is refused as a bad request"),
     Setting("engine", "seed", INTEGER, 0, "the engine's sampling seed"),
 )  # fmt: skip
 SERVER_SETTINGS = (

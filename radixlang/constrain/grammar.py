@@ -16,6 +16,7 @@ layer shares), and llguidance reports what it does not support.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import json
 import os
 import threading
@@ -162,9 +163,21 @@ _grammars_lock = threading.Lock()
 
 
 def compile_grammar(
-    kind: str, source: Any, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]
+    kind: str,
+    source: Any,
+    tokenizer: Any,
+    vocab_size: int,
+    eos_token_ids: Iterable[int],
+    timeout: float | None = None,
 ) -> CompiledGrammar:
-    """The compiled grammar for ``source`` of ``kind`` on ``tokenizer`` (from a small LRU)."""
+    """The compiled grammar for ``source`` of ``kind`` on ``tokenizer`` (from a small LRU).
+
+    Compiling includes the first token mask, so a grammar that llguidance's resource limits
+    reject (a lexer that explodes) is refused here, not in the middle of a request. With
+    ``timeout`` (seconds), a compilation that takes longer is refused with a
+    :class:`ConstraintError`, and so is that source again at once: the work goes on in a
+    background thread (llguidance's fuel limits end it) and its result is dropped.
+    """
     eos = frozenset(int(t) for t in eos_token_ids)
     ll = ll_tokenizer(tokenizer, vocab_size, eos)
     if kind == "json_schema" and is_pydantic_model(source):
@@ -177,6 +190,31 @@ def compile_grammar(
         if hit is not None:
             _grammars.move_to_end(key)
             return hit
+        slow = _too_slow.get(key)
+    if slow is not None:
+        raise ConstraintError(f"{kind}: took longer than {slow:g} s to compile; simplify it")
+    if timeout is None:
+        compiled = _compile(kind, source, ll, eos)
+    else:
+        future = _compile_threads().submit(_compile, kind, source, ll, eos)
+        try:
+            compiled = future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            with _grammars_lock:
+                _too_slow[key] = timeout
+                while len(_too_slow) > _CACHE_SIZE:
+                    _too_slow.popitem(last=False)
+            raise ConstraintError(
+                f"{kind}: took longer than {timeout:g} s to compile; simplify it"
+            ) from None
+    with _grammars_lock:
+        _grammars[key] = compiled
+        while len(_grammars) > _CACHE_SIZE:
+            _grammars.popitem(last=False)
+    return compiled
+
+
+def _compile(kind: str, source: Any, ll: Any, eos: frozenset[int]) -> CompiledGrammar:
     grammar = grammar_source(kind, source)
     error = _validation_error(grammar, ll)
     if error is not None:
@@ -184,12 +222,30 @@ def compile_grammar(
     template = llguidance.LLMatcher(ll, grammar, log_level=0)
     if template.is_error():
         raise ConstraintError(f"{kind}: {template.get_error()}")
-    compiled = CompiledGrammar(kind, grammar, template, ll, eos)
+    probe = template.deep_copy()  # the first mask: where an exploding lexer shows itself
+    probe.compute_bitmask()
+    if probe.is_error():
+        raise ConstraintError(f"{kind}: {_first_line(probe.get_error())}")
+    return CompiledGrammar(kind, grammar, template, ll, eos)
+
+
+def _first_line(message: str) -> str:
+    """llguidance's error without the parser state it appends (lines that follow the first)."""
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+_too_slow: collections.OrderedDict[tuple[str, str, int], float] = collections.OrderedDict()
+_compile_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _compile_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """Two threads for timed compilations: a flood of slow grammars waits in their queue (and
+    times out there) instead of taking every core."""
+    global _compile_pool
     with _grammars_lock:
-        _grammars[key] = compiled
-        while len(_grammars) > _CACHE_SIZE:
-            _grammars.popitem(last=False)
-    return compiled
+        if _compile_pool is None:
+            _compile_pool = concurrent.futures.ThreadPoolExecutor(2, "grammar-compile")
+        return _compile_pool
 
 
 def _source_key(source: Any) -> str:
@@ -205,6 +261,7 @@ def clear_grammar_cache() -> None:
     """Forget every compiled grammar and tokenizer view."""
     with _grammars_lock:
         _grammars.clear()
+        _too_slow.clear()
     with _tokenizers_lock:
         _tokenizers.clear()
 

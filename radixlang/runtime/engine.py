@@ -63,6 +63,9 @@ T = TypeVar("T")
 
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 8192}
 THROUGHPUT_WINDOW_S = 10.0
+# llguidance compiles the grammars people write in milliseconds; one that takes seconds is
+# pathological (or hostile), and its request is refused.
+DEFAULT_COMPILE_TIMEOUT_S = 5.0
 
 Prompt = str | Sequence[int]
 
@@ -155,6 +158,10 @@ class Engine:
     :meth:`save_cache`) and loaded at the next start when the model, dtypes, block size and
     tokenizer are the same (``runtime/cache_store.py``).
 
+    ``grammar_compile_timeout`` (seconds; None for no limit) bounds what compiling one
+    request's regex, JSON schema or grammar may cost: a slower one is refused as a bad request
+    (compilation runs on the caller's thread, never the engine's).
+
     ``max_context`` caps the context window below the model's (prompt plus output tokens per
     request): longer prompts are refused and ``max_new_tokens`` is cut to fit, as at the
     model's own limit.
@@ -186,12 +193,19 @@ class Engine:
         host_tier_memory: int | str | None = None,
         cache_dir: str | Path | None = None,
         preemption: str | None = None,
+        grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         if max_context is not None and (
             not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
         ):
             raise ValueError(f"max_context must be a positive integer, got {max_context!r}")
         self._max_context_cap = max_context
+        if grammar_compile_timeout is not None and not grammar_compile_timeout > 0:
+            raise ValueError(
+                f"grammar_compile_timeout must be seconds > 0 or None, got "
+                f"{grammar_compile_timeout!r}"
+            )
+        self.grammar_compile_timeout = grammar_compile_timeout
         if model is not None and model_path is not None:
             raise TypeError(
                 "Engine() got both model and model_path: they name the same argument "
@@ -1212,7 +1226,12 @@ class Engine:
             raise RequestError(f"{kind} needs a tokenizer; model {self.files.name} has none")
         try:
             grammar = compile_grammar(
-                kind, source, self.tokenizer, self.runner.vocab_size, self.eos_token_ids
+                kind,
+                source,
+                self.tokenizer,
+                self.runner.vocab_size,
+                self.eos_token_ids,
+                self.grammar_compile_timeout,
             )
         except ConstraintError as e:
             raise RequestError(f"{kind}: {e}") from None

@@ -163,3 +163,29 @@ def test_unpack_bits_is_little_endian():
     out = unpack_bits(packed, 18)
     assert out.shape == (1, 18)
     assert out[0].nonzero().flatten().tolist() == [0, 2, 15]
+
+
+# ---- what one grammar may cost -------------------------------------------------------------
+EXPLODING_LEXER = "(((.{1,30}){1,30}){1,30})"  # llguidance's lexer gives up on its first mask
+# 20,000 alternatives: about a second to compile here, far beyond a small timeout.
+HUGE_ALTERNATION = "(" + "|".join(f"w{i}x" for i in range(20_000)) + ")"
+
+
+def test_a_lexer_that_explodes_is_refused_at_compile_time(tok):
+    with pytest.raises(ConstraintError, match="regex: .*too many expressions"):
+        compiled(tok, "regex", EXPLODING_LEXER)
+
+
+def test_a_grammar_slower_than_the_timeout_is_refused_and_stays_refused(tok):
+    import time
+
+    clear_grammar_cache()
+    compile_grammar("regex", "[a-z]+", tok, len(tok), [EOS])  # builds the tokenizer view
+    with pytest.raises(ConstraintError, match=r"took longer than 0.05 s to compile"):
+        compile_grammar("regex", HUGE_ALTERNATION, tok, len(tok), [EOS], timeout=0.05)
+    started = time.perf_counter()
+    with pytest.raises(ConstraintError, match="took longer than"):
+        compile_grammar("regex", HUGE_ALTERNATION, tok, len(tok), [EOS], timeout=0.05)
+    assert time.perf_counter() - started < 0.05  # refused at once, not compiled again
+    # Ordinary grammars compile under the same limit.
+    assert compile_grammar("regex", "[0-9]{3}", tok, len(tok), [EOS], timeout=0.5)

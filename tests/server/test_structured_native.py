@@ -198,6 +198,35 @@ def test_streamed_logprobs_are_incremental(client, sampling):
         jsonschema.validate(json.loads(whole["text"]), PERSON)
 
 
+def test_a_pathological_regex_gets_a_400_and_the_engine_keeps_serving(client, engine):
+    """Compiling is bounded: a lexer that explodes, or a compilation past the engine's
+    ``grammar_compile_timeout``, is refused as a bad request; other requests go on meanwhile."""
+    body = {
+        "text": "x",
+        "sampling_params": {"max_new_tokens": 2, "regex": "(((.{1,30}){1,30}){1,30})"},
+    }
+    response = client.post("/generate", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "sampling_params.regex"
+    assert "too many expressions" in response.json()["error"]["message"]
+    huge = "(" + "|".join(f"q{i}z" for i in range(20_000)) + ")"
+    timeout = engine.grammar_compile_timeout
+    engine.grammar_compile_timeout = 0.05
+    try:  # the compilation goes on in the background (about a second) while others are served
+        body = {"model": "default", "prompt": "x", "max_tokens": 2, "regex": huge}
+        response = client.post("/v1/completions", json=body)
+        fine = client.post(
+            "/generate", json={"text": "y", "sampling_params": {"max_new_tokens": 2}}
+        )
+    finally:
+        engine.grammar_compile_timeout = timeout
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "regex" and "took longer than 0.05 s to compile" in error["message"]
+    assert fine.status_code == 200
+    assert_no_leak(client)
+
+
 def test_nothing_leaked_and_the_engine_is_intact(client, engine):
     assert_no_leak(client)
     engine.check_integrity()
