@@ -152,8 +152,15 @@ def cache_tree(tree: dict[str, Any], decode: Callable[[list[int]], str], width: 
 
     for child in tree["children"]:
         add(root, child, 1)
-    if not tree["children"]:
+    salted = tree.get("salted_roots", [])
+    if not tree["children"] and not salted:
         root.add(Text("(empty)", style="dim"))
+    for salted_root in salted:  # other cache salts' trees: prefixes they never share
+        branch = root.add(
+            Text.assemble(("cache salt ", "bold"), (repr(salted_root["salt"]), "cyan"))
+        )
+        for child in salted_root["children"]:
+            add(branch, child, 2)
     if shown < nodes:
         root.add(Text(f"… {nodes - shown} more nodes", style="dim"))
     return root

@@ -64,6 +64,23 @@ def test_the_cache_tree_draws_a_shared_prefix_once():
     assert lines[3].startswith('    └── "no"') and "lock 1 · refs 3 · age 1" in lines[3]
 
 
+def test_the_cache_tree_shows_other_salts_trees_apart():
+    node = dict(start=0, end=1, blocks=[1], own_blocks=1, block_refs=[1], hits=0, lock_ref=0,
+                age=0, children=[])  # fmt: skip
+    tree = {
+        "num_nodes": 2, "shown_nodes": 2, "tree_blocks": 2, "token_ids": [],
+        "children": [{**node, "token_ids": [3]}],
+        "salted_roots": [{**node, "salt": "alice", "token_ids": [], "children": [
+            {**node, "token_ids": [4]}]}],
+    }  # fmt: skip
+    out = Console(record=True, width=100, color_system=None, file=io.StringIO())
+    out.print(render.cache_tree(tree, lambda ids: {3: "yes", 4: "no"}[ids[0]], 100))
+    lines = out.export_text().splitlines()
+    assert lines[1].startswith('├── "yes"')
+    assert lines[2] == "└── cache salt 'alice'"
+    assert lines[3].startswith('    └── "no"  1 tok')
+
+
 def test_edge_text_escapes_and_cuts_in_the_middle():
     assert render.edge_text('a\nb"c') == '"a\\nb\\"c"'
     cut = render.edge_text("x" * 30 + "y" * 30, limit=21)
