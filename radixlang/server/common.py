@@ -242,7 +242,8 @@ async def results_unless_disconnected(
     finally:
         gone.cancel()
         if not results.done():
-            results.cancel()
+            results.cancel()  # its CancelledError is read, so asyncio does not log it
+            results.add_done_callback(lambda f: f.cancelled() or f.exception())
             for h in handles:
                 h.abort()
     if not results.done() or results.cancelled():
