@@ -43,6 +43,22 @@ class BeamSearchError(ValueError):
     """A request asks for beam search with something beam search here does not do."""
 
 
+_F32 = torch.finfo(torch.float32)
+
+
+def length_normalised(scores: torch.Tensor, length: int, penalty: float) -> list[float]:
+    """``scores / length ** penalty``, transformers' beam score, in the same float32 arithmetic
+    (so that ties and rounding agree). An extreme penalty (any finite one is allowed) would
+    overflow the power or divide by zero: the divisor and the scores stay within float32's
+    finite range instead, so the scores order the same way and are JSON numbers."""
+    try:
+        divisor = length**penalty
+    except OverflowError:
+        divisor = math.inf
+    divisor = min(max(divisor, _F32.tiny), _F32.max)
+    return (scores / divisor).clamp(_F32.min, _F32.max).tolist()
+
+
 @dataclass
 class Hypothesis:
     """A finished beam."""
@@ -111,8 +127,7 @@ class BeamGroup:
         totals = (scored + self.scores.to(scored.device)[:, None]).view(-1)
         values, flat = totals.topk(min(self.keep, totals.numel()))
         num_output = self.num_output + 1
-        # The same float32 arithmetic as transformers, so that ties and rounding agree.
-        scaled = (values / (num_output**params.length_penalty)).tolist()
+        scaled = length_normalised(values, num_output, params.length_penalty)
         parents, tokens = (flat // vocab).tolist(), (flat % vocab).tolist()
         at_limit = num_output >= self.root.max_new_tokens
         going: list[int] = []  # ranks of the candidates that run on
@@ -313,7 +328,8 @@ class BeamGroup:
         """End the search: every beam's KV goes to the cache, the root takes the best beam.
         ``with_running``: the running beams count as hypotheses at their current length."""
         if with_running and self.num_output:
-            scaled = (self.scores / (self.num_output**self.root.params.length_penalty)).tolist()
+            penalty = self.root.params.length_penalty
+            scaled = length_normalised(self.scores, self.num_output, penalty)
             for beam, score in zip(self.beams, scaled, strict=True):
                 self._add(
                     Hypothesis(

@@ -10,7 +10,9 @@ Routes:
   (see ``openai``);
 - operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text),
   ``POST /tokenize``, ``POST /detokenize``, ``GET /memory`` (where the KV memory goes: the
-  engine's ``memory_report()`` as JSON).
+  engine's ``memory_report()`` as JSON);
+- ``GET /openapi.json``: the OpenAPI schema of all of these, bodies, answers and errors
+  included (see ``api_schema``).
 
 Every refused request gets a 4xx JSON error naming the field; the engine checks what it is
 given at submission, so no request can leave it in a bad state. A client that disconnects
@@ -36,6 +38,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -46,6 +49,7 @@ from radixlang.config import load_api_keys
 from radixlang.runtime.engine import CacheBusyError, Engine
 from radixlang.runtime.request import FinishReason, GenerateRequest
 from radixlang.server import metrics, native
+from radixlang.server.api_schema import components, route_docs
 from radixlang.server.common import (
     APIError,
     TokenBytes,
@@ -54,7 +58,7 @@ from radixlang.server.common import (
     read_body,
     submit_all,
 )
-from radixlang.server.openai import OpenAIRoutes
+from radixlang.server.openai import ChatBody, CompletionBody, OpenAIRoutes
 from radixlang.version import __version__
 
 log = logging.getLogger(__name__)
@@ -153,6 +157,36 @@ class _CountRequests:
             self.counters.requests[(route, status)] += 1
 
 
+class _InternalErrors:
+    """Answers an unexpected exception with a JSON 500 that names it, and goes on. (Starlette's
+    own handler re-raises after answering, and uvicorn then closes the connection, so a client
+    that reuses it next finds it dead.) After a response has started nothing can be said: the
+    exception goes on up, and the connection closes mid-answer, as it must."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as e:
+            if started:
+                raise
+            log.exception("request to %s failed", scope["path"])
+            error = APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+            await error.response(is_openai_path(scope["path"]))(scope, receive, send)
+
+
 def create_app(
     engine: Engine,
     served_model_name: str | None = None,
@@ -195,8 +229,10 @@ def create_app(
     tenants = dict(api_keys or {})
     if api_keys_file:
         tenants.update(load_api_keys(api_keys_file))
-    if api_key or tenants:
+    auth = bool(api_key or tenants)
+    if auth:
         app.add_middleware(_RequireKey, api_key=api_key, tenants=tenants)
+    app.add_middleware(_InternalErrors)
     app.add_middleware(_CountRequests, counters=counters)  # outermost: counts refusals too
 
     @app.exception_handler(APIError)
@@ -221,21 +257,46 @@ def create_app(
             is_openai_path(request.url.path)
         )
 
-    @app.post("/generate")
+    # The OpenAPI schema (/openapi.json): every route's body, answers and errors (api_schema).
+    body_errors = (400, 413, 415)
+
+    def docs(ok: str | None, **kw: Any) -> dict[str, Any]:
+        return route_docs(ok, auth=auth, **kw)
+
+    def openai_docs(ok: str | None, **kw: Any) -> dict[str, Any]:
+        return route_docs(ok, auth=auth, openai=True, **kw)
+
+    @app.post(
+        "/generate",
+        **docs("GenerateResponse", body="GenerateBody", errors=(*body_errors, 503),
+               stream="GenerateResult"),
+    )  # fmt: skip
     async def generate(request: Request) -> Response:
         return await native.generate(request, engine, texts)
 
-    app.add_api_route("/v1/completions", openai.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", openai.chat, methods=["POST"])
-    app.add_api_route("/v1/models", openai.models, methods=["GET"])
+    app.add_api_route(
+        "/v1/completions",
+        openai.completions,
+        methods=["POST"],
+        **openai_docs("Completion", body="CompletionBody", errors=(*body_errors, 404, 503),
+                      stream="CompletionChunk"),
+    )  # fmt: skip
+    app.add_api_route(
+        "/v1/chat/completions",
+        openai.chat,
+        methods=["POST"],
+        **openai_docs("ChatCompletion", body="ChatBody", errors=(*body_errors, 404, 503),
+                      stream="ChatCompletionChunk"),
+    )  # fmt: skip
+    app.add_api_route("/v1/models", openai.models, methods=["GET"], **openai_docs("ModelList"))
 
-    @app.get("/health")
+    @app.get("/health", **route_docs("Status", errors=(503,)))  # open: no key needed
     async def health() -> JSONResponse:
         if not engine.is_running:
             raise APIError(503, "the engine is not running", kind="server_error")
         return JSONResponse({"status": "ok"})
 
-    @app.get("/health_generate")
+    @app.get("/health_generate", **docs("Status", errors=(503,)))
     async def health_generate() -> JSONResponse:
         """One real token through the whole engine."""
         probe = GenerateRequest(input_ids=[0], sampling={"max_new_tokens": 1, "temperature": 0})
@@ -245,7 +306,7 @@ def create_app(
             raise APIError(503, f"the engine failed a probe: {result.error}", kind="server_error")
         return JSONResponse({"status": "ok"})
 
-    @app.get("/get_model_info")
+    @app.get("/get_model_info", **docs("ModelInfo"))
     async def model_info() -> JSONResponse:
         tok = engine.tokenizer
         return JSONResponse(
@@ -282,10 +343,11 @@ def create_app(
             }
         )
 
-    app.add_api_route("/get_server_info", server_info, methods=["GET"])
-    app.add_api_route("/server_info", server_info, methods=["GET"])
+    for path in ("/get_server_info", "/server_info"):
+        app.add_api_route(path, server_info, methods=["GET"], **docs("ServerInfo"),
+                          operation_id=path.strip("/") + "_get")  # fmt: skip
 
-    @app.get("/memory")
+    @app.get("/memory", **docs("MemoryReport"))
     async def memory() -> JSONResponse:
         report = await run_in_threadpool(engine.memory_report)
         return JSONResponse(report.to_dict())
@@ -300,9 +362,15 @@ def create_app(
             raise APIError(400, str(e), kind="cache_busy") from None
         return JSONResponse({"success": True, "message": "Cache flushed."})
 
-    app.add_api_route("/flush_cache", flush_cache, methods=["GET", "POST"])
+    timeout = {"name": "timeout", "in": "query", "required": False,
+               "description": "Seconds to wait for requests in flight to finish (default 0).",
+               "schema": {"type": "number", "minimum": 0}}  # fmt: skip
+    for method in ("GET", "POST"):
+        app.add_api_route("/flush_cache", flush_cache, methods=[method],
+                          operation_id=f"flush_cache_{method.lower()}",
+                          **docs("FlushResult", errors=(400,), query=[timeout]))  # fmt: skip
 
-    @app.post("/save_cache")
+    @app.post("/save_cache", **docs("SaveCacheResult", errors=(400,)))
     async def save_cache() -> JSONResponse:
         """Save the radix cache to the engine's ``cache_dir`` now (it is also saved at
         shutdown); 400 when the server was started without one."""
@@ -311,12 +379,12 @@ def create_app(
         saved = await run_in_threadpool(engine.save_cache)
         return JSONResponse({"success": True, **saved})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, **route_docs(None, text=True))
     async def prometheus() -> PlainTextResponse:
         stats = await run_in_threadpool(engine.stats)
         return PlainTextResponse(metrics.render(stats, counters), media_type="text/plain")
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", **docs("TokenizeResult", body="TokenizeBody", errors=body_errors))
     async def tokenize(request: Request) -> JSONResponse:
         body = await read_body(request, TokenizeBody)
         if engine.tokenizer is None:
@@ -326,7 +394,7 @@ def create_app(
             {"tokens": list(ids), "count": len(ids), "max_model_len": engine.max_context}
         )
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", **docs("DetokenizeResult", body="DetokenizeBody", errors=body_errors))
     async def detokenize(request: Request) -> JSONResponse:
         body = await read_body(request, DetokenizeBody)
         vocab = engine.runner.vocab_size
@@ -337,13 +405,15 @@ def create_app(
         text = engine.tokenizer.decode(body.tokens) if engine.tokenizer else ""
         return JSONResponse({"text": text})
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", **docs("Success", body="AbortBody", errors=body_errors))
     async def abort_request(request: Request) -> JSONResponse:
         body = await read_body(request, AbortBody)
         engine.abort(body.rid)
         return JSONResponse({"success": True})
 
-    @app.post("/concate_and_append_request")
+    @app.post(
+        "/concate_and_append_request", **docs("Success", body="ConcatBody", errors=body_errors)
+    )
     async def concate_and_append(request: Request) -> JSONResponse:
         # SGLang joins forked branches' KV into the parent here, approximately (positions are
         # not re-encoded). Its client then sends the joined text with the next request, which
@@ -351,6 +421,24 @@ def create_app(
         await read_body(request, ConcatBody)
         return JSONResponse({"success": True})
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            bodies = [("CompletionBody", CompletionBody), ("ChatBody", ChatBody),
+                      ("TokenizeBody", TokenizeBody), ("DetokenizeBody", DetokenizeBody),
+                      ("AbortBody", AbortBody), ("ConcatBody", ConcatBody)]  # fmt: skip
+            found = schema.setdefault("components", {})
+            found.setdefault("schemas", {}).update(components(bodies))
+            if auth:
+                found["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                for path, operations in schema["paths"].items():
+                    if path not in _RequireKey.OPEN:
+                        for operation in operations.values():
+                            operation["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

@@ -231,8 +231,9 @@ def parse_items(body: GenerateBody) -> tuple[list[Item], bool]:
         rid = _per_item(body.rid, i, count, "rid")
         for j in range(n):
             sampling = dict(params)
-            if n > 1 and sampling.get("seed") is not None:
-                sampling["seed"] += j  # n samples, not n copies of one
+            seed = sampling.get("seed")
+            if n > 1 and isinstance(seed, int) and not isinstance(seed, bool):
+                sampling["seed"] = seed + j  # n samples, not n copies of one (else: a 400)
             request = GenerateRequest(
                 text=prompt if field == "text" else None,  # type: ignore[arg-type]
                 input_ids=prompt if field == "input_ids" else None,  # type: ignore[arg-type]

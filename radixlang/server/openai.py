@@ -631,10 +631,13 @@ def _plain_message(m: ChatMessage, i: int, template_shows_tools: bool = False) -
     content = m.content
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if part.type != "text" or part.text is None:
+        for k, part in enumerate(content):
+            if part.type != "text":
                 raise APIError(400, f"messages[{i}].content: only text parts are supported, "
                                f"got {part.type!r}", param=f"messages[{i}].content")  # fmt: skip
+            if part.text is None:
+                where = f"messages[{i}].content[{k}].text"
+                raise APIError(400, f"{where} is required", param=where)
             texts.append(part.text)
         content = "".join(texts)
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,

@@ -40,3 +40,16 @@ def test_unsupported_beam_search_is_a_400(client, engine):
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == f"sampling_params.{word}"
     assert_no_leak(client)
+
+
+def test_extreme_length_penalties_answer_finite_scores(client, engine):
+    # n ** 1e308 overflowed (the engine step failed: a 500) and n ** -100 is 0 in float32
+    # (scores of -inf, which JSON cannot carry: a 500 too).
+    for penalty in (1e308, -1e308, 100.0, -100.0):
+        params = {**BEAMS, "max_new_tokens": 4, "length_penalty": penalty}
+        response = client.post("/generate", json={"text": "Hi there", "sampling_params": params})
+        assert response.status_code == 200, response.text
+        scores = [b["score"] for b in response.json()["meta_info"]["beams"]]
+        assert scores and all(abs(s) < float("inf") for s in scores)
+    assert_no_leak(client)
+    engine.check_integrity()
