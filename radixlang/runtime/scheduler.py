@@ -234,6 +234,8 @@ class Scheduler:
                 break
             if len(self.running) == 1:  # alone, with everything else evictable: it outgrew
                 (req,) = self.running  # the whole pool
+                if self._unpin_stale_blocks(req):
+                    continue
                 self.finish(req, FinishReason.LENGTH)
                 out.finished.append(req)
                 plan = []
@@ -250,6 +252,23 @@ class Scheduler:
         for req in failed:  # its KV stays in the cache; it is admitted again when there is room
             self.retract(req)
         return [(r, n) for r, n in plan if r not in failed] if failed else plan
+
+    def _unpin_stale_blocks(self, req: Req) -> bool:
+        """Free the cached blocks that only ``req``'s locked path pins; whether any were.
+
+        Where a path's nodes end inside a block, each request that went on from there wrote
+        into its own copy of that block: an ancestor's copy stays in the tree beside the copy
+        the path goes on with, pinned by the lock although ``req`` never reads it. Alone in
+        the pool, ``req`` unlocks its path, everything evictable goes (those copies with it;
+        blocks ``req`` holds stay) and its computed KV goes back into the cache, locked."""
+        if req.handle is None or not req.num_computed or _has_released(req):
+            return False
+        free = self.pool.num_free
+        self.cache.unlock(req.handle)
+        req.handle = None
+        self.cache.evict(self.pool.num_blocks)
+        self._cache_progress(req)
+        return self.pool.num_free > free
 
     def _short_of_blocks(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
         """``(request, blocks it still needs)`` for the planned requests that need any."""
@@ -347,6 +366,27 @@ class Scheduler:
             partial = start % bs if n else 0
             need = blocks_for(start + n, bs) - len(match.blocks) + bool(partial)
             available = self.pool.num_free + self.cache.evictable_size()
+            if need > available and not self.running:
+                # Nothing running will free a block, so the matched prefix itself is in the way:
+                # the copies of blocks its nodes end inside, or of its own partly shared last
+                # block. Start from an empty cache, or the request would wait forever.
+                self.cache.unlock(match.handle)
+                self.cache.evict(self.pool.num_blocks)
+                match = self.cache.match_prefix(key, req.cache_salt)
+                self.counters.tier_loaded_tokens += match.loaded
+                self.cache.lock(match.handle)
+                start = match.length
+                n = self._chunk_len(req, budget, start)
+                partial = start % bs if n else 0
+                need = blocks_for(start + n, bs) - len(match.blocks) + bool(partial)
+                available = self.pool.num_free + self.cache.evictable_size()
+                if need > available and blocks_for(len(req.tokens), bs) > self.pool.num_blocks:
+                    # Retracted after its sequence outgrew the pool: it ends, as it would have
+                    # running alone.
+                    self.cache.unlock(match.handle)
+                    self.finish(req, FinishReason.LENGTH)
+                    out.finished.append(req)
+                    continue
             if (self.running and need + self._reserve_blocks() > available) or need > available:
                 self.cache.unlock(match.handle)
                 break

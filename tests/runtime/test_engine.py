@@ -209,6 +209,36 @@ def test_sequence_longer_than_the_pool_stops_at_length(folder):
     idle_blocks_are_free_or_cached(eng)
 
 
+def test_a_cached_prompt_that_fills_the_pool_is_admitted(folder):
+    """Its cached prefix fills the pool but for a copy of its partly shared last block, with
+    nothing running to free one: it reuses the whole blocks only, instead of waiting forever."""
+    eng = engine(folder, num_blocks=9)
+    prompt = list(range(10, 45))  # 35 tokens: 9 blocks, the last one partly filled
+    eng.generate(prompt, {"max_new_tokens": 0})
+    h = eng.submit(prompt, GREEDY | {"max_new_tokens": 1})
+    for _ in range(50):
+        if h.done:
+            break
+        eng.step()
+    assert h.done and len(h.result().output_ids) == 1
+    idle_blocks_are_free_or_cached(eng)
+
+
+def test_block_copies_a_locked_path_pins_do_not_cut_a_request_short(folder):
+    """Prompts that ended inside a block left a copy of it on each node after them; a request
+    alone in the pool unpins them instead of ending at length with its sequence fitting."""
+    params = GREEDY | {"max_new_tokens": 18}
+    prompt = list(range(10, 26))  # 16 tokens + 18 new fit 9 blocks of 4
+    eng = engine(folder, num_blocks=9)
+    for n in (9, 10, 13):  # each ends inside block 2, one token or more past the last
+        eng.generate(prompt[:n], {"max_new_tokens": 0})
+    r = eng.generate(prompt, params)
+    assert r.cached_tokens == 13
+    assert r.output_ids == engine(folder, num_blocks=9).generate(prompt, params).output_ids
+    assert len(r.output_ids) == 18
+    idle_blocks_are_free_or_cached(eng)
+
+
 # ---- aborts ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_aborts_at_random_points_free_everything(folder, seed):
