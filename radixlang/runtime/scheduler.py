@@ -31,7 +31,7 @@ from radixlang.runtime.block_pool import (
     blocks_for,
     dead_blocks,
 )
-from radixlang.runtime.radix_cache import RadixCache, common_prefix_len
+from radixlang.runtime.radix_cache import MatchResult, RadixCache, common_prefix_len
 from radixlang.runtime.request import FinishReason, Req, ReqStatus
 
 # Waiting queues longer than this are ordered first-come-first-served: prefix-aware ordering
@@ -358,13 +358,7 @@ class Scheduler:
             cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
                 continue  # a prompt being computed holds its next tokens: hit them next step
-            match = self.cache.match_prefix(key, req.cache_salt)
-            self.counters.tier_loaded_tokens += match.loaded
-            self.cache.lock(match.handle)
-            start = match.length
-            n = self._chunk_len(req, budget, start)
-            partial = start % bs if n else 0
-            need = blocks_for(start + n, bs) - len(match.blocks) + bool(partial)
+            match, start, n, partial, need = self._match_for_admission(req, key, budget)
             available = self.pool.num_free + self.cache.evictable_size()
             if need > available and not self.running:
                 # Nothing running will free a block, so the matched prefix itself is in the way:
@@ -372,13 +366,7 @@ class Scheduler:
                 # block. Start from an empty cache, or the request would wait forever.
                 self.cache.unlock(match.handle)
                 self.cache.evict(self.pool.num_blocks)
-                match = self.cache.match_prefix(key, req.cache_salt)
-                self.counters.tier_loaded_tokens += match.loaded
-                self.cache.lock(match.handle)
-                start = match.length
-                n = self._chunk_len(req, budget, start)
-                partial = start % bs if n else 0
-                need = blocks_for(start + n, bs) - len(match.blocks) + bool(partial)
+                match, start, n, partial, need = self._match_for_admission(req, key, budget)
                 available = self.pool.num_free + self.cache.evictable_size()
                 if need > available and blocks_for(len(req.tokens), bs) > self.pool.num_blocks:
                     # Retracted after its sequence outgrew the pool: it ends, as it would have
@@ -417,6 +405,22 @@ class Scheduler:
             budget -= n
             if req.is_prefilling:
                 inflight.append(req)
+
+    def _match_for_admission(
+        self, req: Req, key: list[int], budget: int
+    ) -> tuple[MatchResult, int, int, int, int]:
+        """``req``'s cached prefix, locked: ``(match, start, n, partial, need)``, with ``n``
+        tokens to compute from ``start``, ``partial`` slots of its last block shared (copied on
+        write) and ``need`` blocks to take from the pool."""
+        bs = self.block_size
+        match = self.cache.match_prefix(key, req.cache_salt)
+        self.counters.tier_loaded_tokens += match.loaded
+        self.cache.lock(match.handle)
+        start = match.length
+        n = self._chunk_len(req, budget, start)
+        partial = start % bs if n else 0
+        need = blocks_for(start + n, bs) - len(match.blocks) + bool(partial)
+        return match, start, n, partial, need
 
     def _take_blocks(self, cached: list[int], partial: int, total: int) -> list[int]:
         """A new request's block table: a reference to each ``cached`` block (the last copied

@@ -7,36 +7,25 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 import torch
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_llama_with_tokenizer, make_tiny_model
 
 from radixlang.constrain import GrammarConstraint, compile_grammar
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.models import DEFAULT_MODEL
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.engine import Engine, RequestError
 from radixlang.runtime.handle import GenerationError
 from radixlang.runtime.request import FinishReason, GenerateRequest
 
 VOCAB = 49152
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    path = make_tiny_model(
-        "llama",
-        tmp_path_factory.mktemp("tiny_tok") / "llama",
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
-    )
-    source = load_model_files(DEFAULT_MODEL).path
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, path / name)
-    return path
+    folder = tmp_path_factory.mktemp("tiny_tok") / "llama"
+    return make_tiny_llama_with_tokenizer(folder, max_position_embeddings=512)
 
 
 @pytest.fixture(scope="module")

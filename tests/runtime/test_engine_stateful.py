@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -49,9 +48,8 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_llama_with_tokenizer
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import engine as engine_module
 from radixlang.runtime.block_pool import RELEASED, blocks_for
 from radixlang.runtime.engine import CacheBusyError, Engine, RequestError
@@ -60,8 +58,6 @@ from radixlang.runtime.request import FinishReason, GenerationResult, ReqStatus
 
 load_tokenizer = engine_module._load_tokenizer
 SCALE = int(os.environ.get("RADIXLANG_STATEFUL_SCALE", "1"))
-VOCAB = 49152
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 BLOCK = 4
 POOL_SIZES = (9, 20, 64)  # blocks of 4 tokens: a 36-token prompt does not fit the smallest
 REGEXES = (r"(yes|no)", r"[0-9]{1,4}", r"(the|a) (cat|dog)!")
@@ -446,17 +442,8 @@ def engine(folder, **kw) -> Engine:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    path = make_tiny_model(
-        "llama",
-        tmp_path_factory.mktemp("tiny_stateful") / "llama",
-        vocab_size=VOCAB,
-        max_position_embeddings=256,
-    )
-    source = load_model_files(DEFAULT_MODEL).path
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, path / name)
-    return path
+    folder = tmp_path_factory.mktemp("tiny_stateful") / "llama"
+    return make_tiny_llama_with_tokenizer(folder, max_position_embeddings=256)
 
 
 def test_engine_state_machine(folder, monkeypatch):

@@ -110,3 +110,18 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
     )
     return out[0, len(prompt) :].tolist()
+
+
+def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
+    """A tiny random llama with the default model's tokenizer and chat template (49,152
+    tokens), so that stop strings, regexes and chat prompts work on it."""
+    import shutil
+
+    from radixlang.models import DEFAULT_MODEL, load_model_files
+
+    path = make_tiny_model("llama", folder, vocab_size=49152, **overrides)
+    source = load_model_files(DEFAULT_MODEL).path
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).exists():
+            shutil.copy(source / name, path / name)
+    return path
