@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_server import percentile  # a sibling module, as when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -466,13 +467,6 @@ def _wait_idle(engine: Any, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _references(model: Path, specs: list[Spec]) -> int:
     """Each spec alone on a roomy server; returns the blocks the cache then holds."""
     from radixlang.runtime import Engine
@@ -605,8 +599,8 @@ def _report(outcomes: list[Outcome], injector: FaultInjector, wall: float, worki
         "wall_s": round(wall, 2),
         "completed_per_s": round(len(ok) / wall, 2),
         "output_tokens_per_s": round(sum(o.tokens for o in ok) / wall, 1),
-        "latency_p50_s": round(_percentile(latencies, 0.5), 3),
-        "latency_p99_s": round(_percentile(latencies, 0.99), 3),
+        "latency_p50_s": round(percentile(latencies, 50), 3) if latencies else None,
+        "latency_p99_s": round(percentile(latencies, 99), 3) if latencies else None,
         "slow_clients": len(slow_statuses),
         "engine_idle_while_slow_clients_held_their_streams": idle_while_held,
         "held_blocks_after": held_blocks,

@@ -20,7 +20,6 @@ from starlette.responses import JSONResponse
 from radixlang.runtime.engine import EngineClosedError, RequestError
 from radixlang.runtime.handle import RequestHandle
 from radixlang.runtime.request import (
-    MAX_CACHE_SALT_CHARS,
     FinishReason,
     GenerateRequest,
     GenerationResult,
@@ -117,14 +116,10 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 
 def cache_salt(request: Request, salt: str | None) -> str:
-    """The radix-cache salt of a request whose body has ``cache_salt``: with an API-keys file,
-    the key's tenant comes first, so tenants never share cached prefixes, even with one salt."""
+    """The radix-cache salt of a request whose body has ``cache_salt`` (its type and length
+    checked with the body): with an API-keys file, the key's tenant comes first, so tenants
+    never share cached prefixes, even with one salt."""
     salt = salt or ""
-    if not isinstance(salt, str) or len(salt) > MAX_CACHE_SALT_CHARS:
-        raise APIError(
-            400, f"cache_salt must be a string of at most {MAX_CACHE_SALT_CHARS} characters",
-            param="cache_salt",
-        )  # fmt: skip
     tenant = request.scope.get("state", {}).get("tenant")
     return salt if tenant is None else f"{tenant}\0{salt}"
 
