@@ -166,6 +166,19 @@ def _origins_check(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _bool_check(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("true or false")
+    return value
+
+
+def _bool_parse(text: str) -> bool:
+    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    if text.strip().lower() not in words:
+        raise ValueError("true or false")
+    return words[text.strip().lower()]
+
+
 POSITIVE_INT = _int_kind("a positive integer", lambda v: v > 0)
 INTEGER = _int_kind("an integer", lambda v: True)
 PORT = _int_kind("a port number from 0 to 65535", lambda v: 0 <= v <= 65535, "PORT")
@@ -178,6 +191,8 @@ SIZE = Kind(
     metavar="SIZE",
 )
 TEXT = _text_kind("a non-empty string")
+# A flag pair: --key and --no-key.
+BOOL = Kind("true or false", _bool_check, _bool_parse)
 DEVICE = _text_kind("a device such as 'cpu', 'cuda' or 'cuda:1'", r"[a-z]+(:[0-9]+)?")
 # A flag takes the origins as separate words (nargs="+"), each checked as a one-item list.
 ORIGINS = Kind(
@@ -266,6 +281,12 @@ SERVER_SETTINGS = (
     Setting("server", "drain_timeout", SECONDS, 30.0,
             "seconds to let requests in flight finish on shutdown before aborting them"),
     Setting("server", "log_level", _choice_kind(LOG_LEVELS), "info", "the server's log level"),
+    Setting("server", "dashboard", BOOL, True,
+            "serve the live dashboard at /dashboard (--no-dashboard: off)"),
+    Setting("server", "dashboard_interval", POSITIVE_SECONDS, 1.0,
+            "seconds between the dashboard's live snapshots"),
+    Setting("server", "dashboard_max_nodes", POSITIVE_INT, 150,
+            "the dashboard draws the radix tree's N largest nodes"),
 )  # fmt: skip
 SETTINGS = {s.name: s for s in (*ENGINE_SETTINGS, *SERVER_SETTINGS)}
 
@@ -475,6 +496,11 @@ def add_setting_arguments(
         if s.kind.choices:
             metavar = "{" + ",".join(s.kind.choices) + "}"
         kwargs: dict[str, Any] = {"dest": _dest(s), "default": None, "type": _flag_type(s)}
+        if s.kind is BOOL:
+            flag = argparse.BooleanOptionalAction
+            group.add_argument(s.flag, *s.aliases, dest=_dest(s), default=None, action=flag,
+                               help=s.help + default)  # fmt: skip
+            continue
         if s.kind is ORIGINS:
             kwargs["nargs"] = "+"
             metavar = "ORIGIN"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from radixlang.lang.backends.base import Backend
 from radixlang.lang.interpreter import StateExecutor, start_program_thread
 from radixlang.lang.ir import SamplingDefaults
+from radixlang.lang.run_graph import report_run, start_recording
 from radixlang.lang.run_options import get_default_backend, resolve_backend, split_run_kwargs
 from radixlang.lang.state import ProgramState
 
@@ -70,7 +71,9 @@ class Function:
 
     # ---- running -------------------------------------------------------------------------------
     def _new_state(self, backend: Backend | None, defaults: SamplingDefaults, stream: bool):
-        return ProgramState(StateExecutor(resolve_backend(backend), defaults, stream))
+        executor = StateExecutor(resolve_backend(backend), defaults, stream)
+        start_recording(executor, self.__name__)
+        return ProgramState(executor)
 
     def run(self, *args: Any, stream: bool = False, backend: Backend | None = None, **kwargs: Any):
         defaults, kwargs = split_run_kwargs(kwargs, self.arg_names)
@@ -103,11 +106,19 @@ class Function:
         defaults, kwargs = split_run_kwargs(kwargs, self.arg_names)
         state = self._new_state(backend, defaults, False)
         bound = self._arguments(state, args, kwargs)
+        failure: BaseException | None = None
         try:
-            state.ret_value = await self.func(*bound.args, **bound.kwargs)
+            try:
+                state.ret_value = await self.func(*bound.args, **bound.kwargs)
+            except BaseException as e:
+                failure = e
+                raise
+            finally:
+                state.executor.end_program()
+            await state
         finally:
-            state.executor.end_program()
-        await state
+            if state.executor.recorder is not None:
+                await asyncio.to_thread(report_run, state.executor, failure)
         return state
 
     def run_batch(
@@ -177,19 +188,24 @@ class Function:
 
 def _finish(state: ProgramState, body: Callable[[], Any], wait: bool = False) -> ProgramState:
     """Run the program body on ``state``; with ``wait``, wait for its generation and raise what
-    failed (the body's own exception first)."""
+    failed (the body's own exception first). A reporting backend then gets the run's graph."""
+    failure: BaseException | None = None
     try:
-        state.ret_value = body()
-    except BaseException as e:
+        try:
+            state.ret_value = body()
+        except BaseException as e:
+            failure = e
+            if wait:
+                raise
+            # A streamed run has no caller to raise to: the state carries the error.
+            if state.executor.error is None:
+                state.executor.error = e
+        finally:
+            state.executor.end_program()
         if wait:
-            raise
-        # A streamed run has no caller to raise to: the state carries the error.
-        if state.executor.error is None:
-            state.executor.error = e
+            state.executor.settle()
     finally:
-        state.executor.end_program()
-    if wait:
-        state.executor.settle()
+        report_run(state.executor, failure)
     return state
 
 

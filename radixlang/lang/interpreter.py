@@ -17,7 +17,7 @@ import time
 import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlang.lang.backends.base import Backend, StreamMeta
 from radixlang.lang.chat_template import ChatTemplate
@@ -36,6 +36,9 @@ from radixlang.lang.ir import (
     VarScopeEnd,
     as_expr,
 )
+
+if TYPE_CHECKING:
+    from radixlang.lang.run_graph import RunRecorder
 
 
 class ProgramError(RuntimeError):
@@ -140,6 +143,11 @@ class StateExecutor:
         self._queue: collections.deque[Expr] = collections.deque()
         self._cond = threading.Condition()  # guards the queue; notified when anything changes
         self._idle = _set()  # set while no expression is queued or running
+        # The run's call graph, when the backend reports programs (run_graph.py): this state is
+        # one chain of it.
+        self.recorder: RunRecorder | None = None
+        self.chain = 0
+        self._call_nodes: dict[str | None, int] = {}  # a gen/select's variable -> its node
 
     # ---- the program's side --------------------------------------------------------------
     def submit(self, value: object) -> None:
@@ -232,6 +240,8 @@ class StateExecutor:
             child = StateExecutor(self.backend, self.defaults, self.stream, self.chat_template)
             child._idle = Signal()  # busy until it inherits the parent's state
             child._inherited = Signal()
+            if self.recorder is not None:
+                child.recorder, child.chain = self.recorder, self.recorder.new_chain()
             children.append(child)
         self.children.extend(children)
         self.submit(_ForkPoint(children))
@@ -293,6 +303,8 @@ class StateExecutor:
             self.raise_error()
             return
         self.sync()
+        if self.recorder is not None:
+            self.recorder.join(self.chain, [c.chain for c in children], mode)
         gathered: dict[str | None, list[Any]] = {}
         metas: dict[str | None, list[Any]] = {}
         gens: dict[str | None, Gen] = {}
@@ -384,6 +396,8 @@ class StateExecutor:
             self._changed()
 
     def _execute(self, expr: Expr) -> None:
+        if self.recorder is not None and not isinstance(expr, ExprList):
+            self._record(expr)
         if isinstance(expr, Text):
             self.text += expr.value
         elif isinstance(expr, ExprList):
@@ -423,6 +437,35 @@ class StateExecutor:
         else:
             raise ProgramError(f"cannot execute {expr!r}")
 
+    def _record(self, expr: Expr) -> None:
+        """Add ``expr``'s step to the run's graph (before it runs; a call's cache figures are
+        attached when its variable is set)."""
+        recorder = self.recorder
+        assert recorder is not None
+        if isinstance(expr, Text):
+            recorder.step(self.chain, "text", expr.value)
+        elif isinstance(expr, RoleBegin | RoleEnd):
+            end = "begin" if isinstance(expr, RoleBegin) else "end"
+            recorder.step(self.chain, "role", f"{expr.role} {end}")
+        elif isinstance(expr, Gen):
+            constraint = expr.constraint_kind
+            label = (expr.name or "") + (f" [{constraint}]" if constraint else "")
+            self._call_nodes[expr.name] = recorder.step(self.chain, "gen", label)
+        elif isinstance(expr, Select):
+            label = f"{expr.name} {expr.choices}"
+            self._call_nodes[expr.name] = recorder.step(self.chain, "select", label)
+        elif isinstance(expr, VarScopeBegin | VarScopeEnd):
+            end = "begin" if isinstance(expr, VarScopeBegin) else "end"
+            recorder.step(self.chain, "scope", f"{expr.name} {end}")
+        elif isinstance(expr, Variable):
+            recorder.step(self.chain, "text", f"${expr.name}")
+        elif isinstance(expr, ConcatenateAndAppend):
+            chains = [child.chain for child in expr.states]
+            recorder.join(self.chain, chains, "concate_and_append")
+        elif isinstance(expr, _ForkPoint):
+            chains = [child.chain for child in expr.children]
+            recorder.fork(self.chain, len(chains), chains)
+
     def assign(self, name: str | None, value: Any) -> None:
         """The program sets a variable itself (``s[name] = value``). A fork first takes its
         parent's state, which would otherwise replace the value."""
@@ -435,6 +478,9 @@ class StateExecutor:
         self.made_vars.add(name)
         if meta is not None:
             self.meta_info[name] = meta
+            node = self._call_nodes.pop(name, None)
+            if node is not None and self.recorder is not None:
+                self.recorder.counts(node, meta)
         signal = self._signals.get(name)
         if signal is None:
             signal = self._signals[name] = Signal()

@@ -42,6 +42,7 @@ from radixlang.lang.ir import (
     VarScopeEnd,
     as_expr,
 )
+from radixlang.lang.run_graph import report_run, start_recording
 from radixlang.lang.run_options import resolve_backend, split_run_kwargs
 from radixlang.lang.state import ProgramState
 
@@ -352,20 +353,24 @@ class CompiledFunction:
             raise TypeError(f"{self.function.__name__} is missing arguments {sorted(missing)}")
         backend = resolve_backend(backend or self.backend)
         root = ProgramState(StateExecutor(backend, defaults))
+        start_recording(root.executor, self.function.__name__)
         states: dict[int, ProgramState] = {0: root}
         groups: dict[tuple[int, ...], Any] = {}
-        for op in self.recording.ops:
-            state = states[op.chain]
-            if op.kind == "append":
-                state += self._bind(op.expr, arguments, states)
-            elif op.kind == "fork":
-                group = state.fork(len(op.children))
-                groups[op.children] = group
-                states.update(zip(op.children, group.states, strict=True))
-            else:
-                groups[op.children].join(op.mode)
-        root.executor.end_program()
-        root.executor.settle()
+        try:
+            for op in self.recording.ops:
+                state = states[op.chain]
+                if op.kind == "append":
+                    state += self._bind(op.expr, arguments, states)
+                elif op.kind == "fork":
+                    group = state.fork(len(op.children))
+                    groups[op.children] = group
+                    states.update(zip(op.children, group.states, strict=True))
+                else:
+                    groups[op.children].join(op.mode)
+            root.executor.end_program()
+            root.executor.settle()
+        finally:
+            report_run(root.executor)
         return root
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]], **kwargs: Any) -> list[ProgramState]:

@@ -40,11 +40,13 @@ from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.cpu_threads import ThreadGovernor
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.dtype_choice import AUTO, choose_dtype
+from radixlang.runtime.engine_view import block_owners, request_rows, tree_view
 from radixlang.runtime.grammar_masks import MaskFiller
 from radixlang.runtime.handle import EventCallback, RequestHandle
 from radixlang.runtime.host_tier import HostTier
 from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
+from radixlang.runtime.program_log import ProgramLog
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import (
     MAX_CACHE_SALT_CHARS,
@@ -232,6 +234,8 @@ class Engine:
         self._finished_requests = 0
         self._finished_by_reason: collections.Counter[FinishReason] = collections.Counter()
         self._recent: collections.deque[tuple[float, float, int]] = collections.deque()
+        # Programs' call graphs, reported by their backends for viewers (the dashboard).
+        self.programs = ProgramLog()
         self._busy_seconds = 0.0
         self._thread: threading.Thread | None = None
         self._went_idle = threading.Event()  # set by the engine thread when it runs out of work
@@ -597,6 +601,23 @@ class Engine:
     def render_cache(self, max_nodes: int = 50) -> str:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         return self._call(lambda: self.cache.render(decode=decode, max_nodes=max_nodes))
+
+    def view(self, max_nodes: int = 150) -> dict[str, Any]:
+        """What a viewer shows, read between two steps: ``stats`` (as :meth:`stats`), ``tree``
+        (the radix tree's ``max_nodes`` largest nodes, the latest evictions), ``blocks`` (each
+        block's state and holder) and ``requests`` (running, then waiting). Token ids are left
+        undecoded: see ``runtime/engine_view.py`` and the server's ``dashboard``."""
+
+        def read() -> dict[str, Any]:
+            states, owners, names = block_owners(self.pool, self.cache, self.scheduler.running)
+            return {
+                "stats": self._stats(),
+                "tree": tree_view(self.cache, max_nodes),
+                "blocks": {"states": states, "owners": owners, "names": names},
+                "requests": request_rows(self.scheduler.running, self.scheduler.waiting),
+            }
+
+        return self._call(read)
 
     def memory_report(self) -> MemoryReport:
         """Where the KV memory goes now: blocks by holder, live vs allocated slots, sharing,

@@ -33,7 +33,8 @@ oldest are dropped for good.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -106,6 +107,24 @@ class _Node:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A node that left the device (dropped, or moved to the host tier): for viewers."""
+
+    time: float  # Unix seconds
+    node_id: int
+    parent_id: int
+    start: int
+    end: int
+    head_tokens: tuple[int, ...]  # the first tokens of its edge (enough to show it)
+    blocks: int  # device blocks it held
+    to_tier: bool
+
+
+EVICTION_LOG_SIZE = 64
+_EVICTION_HEAD_TOKENS = 48
 
 
 class CacheHandle:
@@ -199,6 +218,7 @@ class RadixCache:
         self.match_query_tokens = 0
         self.match_hit_tokens = 0
         self.evicted_blocks_total = 0
+        self.evictions: deque[Eviction] = deque(maxlen=EVICTION_LOG_SIZE)  # the latest
         self.tier_written_blocks_total = 0  # device blocks copied into the tier
         self.tier_loaded_tokens_total = 0  # tokens loaded back from the tier
         self.tier_dropped_tokens_total = 0  # tiered tokens dropped for good (the tier was full)
@@ -382,7 +402,7 @@ class RadixCache:
             stamp, _, node = heapq.heappop(self._heap)
             if self._candidates.get(node) != stamp:
                 continue  # a stale entry: the node was touched, locked, extended or removed
-            freed.extend(self._demote(node) if self.tier is not None else self._remove_leaf(node))
+            freed.extend(self._evict_node(node))
         self.evicted_blocks_total += len(freed)
         return freed
 
@@ -406,7 +426,7 @@ class RadixCache:
         while node.parent is not None and node in self._candidates:
             parent = node.parent
             assert parent is not None
-            freed.extend(self._demote(node))
+            freed.extend(self._evict_node(node))
             node = parent
         self.evicted_blocks_total += len(freed)
         return freed
@@ -658,6 +678,15 @@ class RadixCache:
             node = node.parent
         return self._root_salts.get(node, "")
 
+    def roots(self) -> list[tuple[str, _Node]]:
+        """Each cache salt's tree root, the default salt "" first (for viewers)."""
+        return list(self._roots.items())
+
+    @property
+    def clock(self) -> int:
+        """The logical clock of last accesses: a node's LRU age is ``clock - last_access``."""
+        return self._clock
+
     @property
     def salts(self) -> list[str]:
         """The salts with cached prefixes (the default salt "" always listed first)."""
@@ -774,6 +803,18 @@ class RadixCache:
             del table[node.start // self.block_size :]
             table.extend(node.blocks)
         return table
+
+    def _evict_node(self, node: _Node) -> list[int]:
+        """Evict one unlocked device leaf (to the tier when there is one) and log it."""
+        parent = node.parent
+        assert parent is not None
+        blocks, head = len(node.blocks), tuple(node.tokens[:_EVICTION_HEAD_TOKENS])
+        freed = self._demote(node) if self.tier is not None else self._remove_leaf(node)
+        self.evictions.append(
+            Eviction(time.time(), node.id, parent.id, node.start, node.end, head, blocks,
+                     to_tier=node.tiered)
+        )  # fmt: skip
+        return freed
 
     def _remove_leaf(self, node: _Node) -> list[int]:
         """Drop a device node with no children; returns the device blocks that became free."""

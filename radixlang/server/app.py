@@ -58,6 +58,7 @@ from radixlang.server.common import (
     read_body,
     submit_all,
 )
+from radixlang.server.dashboard import Dashboard, add_routes
 from radixlang.server.openai import ChatBody, CompletionBody, OpenAIRoutes
 from radixlang.version import __version__
 
@@ -67,7 +68,9 @@ log = logging.getLogger(__name__)
 _ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
            "/health_generate", "/get_model_info", "/get_server_info", "/server_info",
            "/flush_cache", "/metrics", "/abort_request", "/concate_and_append_request",
-           "/tokenize", "/detokenize", "/memory")  # fmt: skip
+           "/tokenize", "/detokenize", "/memory", "/dashboard", "/dashboard/api/snapshot",
+           "/dashboard/api/history", "/dashboard/api/programs",
+           "/dashboard/api/events")  # fmt: skip
 
 
 class TokenizeBody(BaseModel):
@@ -93,11 +96,15 @@ class ConcatBody(BaseModel):
 
 
 class _RequireKey:
-    """With ``--api-key`` or ``--api-keys-file``: every route but /health and /metrics needs
-    ``Authorization: Bearer <key>`` (what SGLang's and OpenAI's clients send). With a keys file
-    the key's tenant goes into the request's state (``tenant``), which salts its cache use."""
+    """With ``--api-key`` or ``--api-keys-file``: every route but /health, /metrics and the
+    dashboard's page (static code, no data) needs ``Authorization: Bearer <key>`` (what SGLang's
+    and OpenAI's clients send). With a keys file the key's tenant goes into the request's state
+    (``tenant``), which salts its cache use. The dashboard's API shows every tenant's prompts,
+    so a tenant's key gets a 403 there: only the operator's ``--api-key`` opens it."""
 
-    OPEN = ("/health", "/metrics")
+    OPEN = ("/health", "/metrics", "/dashboard")
+    OPEN_PREFIX = "/dashboard/static/"
+    OPERATOR_ONLY = "/dashboard/api/"
 
     def __init__(
         self, app: Any, api_key: str | None = None, tenants: Mapping[str, str] | None = None
@@ -110,7 +117,8 @@ class _RequireKey:
             self.keys.append((f"Bearer {key}".encode(), tenant))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path and path not in self.OPEN and not path.startswith(self.OPEN_PREFIX):
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Every key is compared, in constant time, whatever matched before: how long the
             # check takes says nothing about which key (or how much of one) was right.
@@ -124,6 +132,12 @@ class _RequireKey:
                 error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
                                  kind="authentication_error", code="invalid_api_key")  # fmt: skip
                 await error.response(is_openai_path(scope["path"]))(scope, receive, send)
+                return
+            if tenant is not None and path.startswith(self.OPERATOR_ONLY):
+                error = APIError(403, "the dashboard shows every tenant's requests: it needs the "
+                                 "server's --api-key, not a tenant's key",
+                                 kind="permission_error", code="forbidden")  # fmt: skip
+                await error.response(False)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -196,21 +210,30 @@ def create_app(
     allowed_origins: list[str] | None = None,
     api_keys_file: str | None = None,
     api_keys: Mapping[str, str] | None = None,
+    dashboard: bool = True,
+    dashboard_interval: float = 1.0,
+    dashboard_max_nodes: int = 150,
 ) -> FastAPI:
     """The server's ASGI app. With ``owns_engine`` the app's shutdown stops the engine and
     frees every KV block; with ``api_key`` requests must carry it; ``max_queued_requests``
     refuses work (503, Retry-After) past that many queued requests; ``allowed_origins`` lets
     browser pages on those origins call the API (CORS). ``api_keys`` (API key -> tenant name)
     or ``api_keys_file`` (the same in a JSON or TOML file): requests must carry one of those
-    keys (or ``api_key``), and each tenant's requests reuse only its own cached prefixes."""
+    keys (or ``api_key``), and each tenant's requests reuse only its own cached prefixes.
+    ``dashboard`` serves the live page at /dashboard, its snapshots ``dashboard_interval``
+    seconds apart, its tree cut to the ``dashboard_max_nodes`` largest nodes (``dashboard``)."""
     model_name = served_model_name or engine.files.name
     texts = TokenTexts(engine.tokenizer)
     openai = OpenAIRoutes(engine, model_name, texts, TokenBytes(engine.tokenizer, texts))
     counters = metrics.HTTPCounters()
+    board = Dashboard(engine, model_name, dashboard_interval, dashboard_max_nodes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        if dashboard:
+            board.start()
         yield
+        await board.stop()
         if owns_engine:
             await run_in_threadpool(engine.shutdown, True)
             log.info("engine stopped; every KV block is free")
@@ -439,6 +462,8 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    if dashboard:
+        add_routes(app, board)
     return app
 
 

@@ -20,7 +20,7 @@ assistant turn has just begun, since such a service writes whole assistant messa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 
 from radixlang.lang.chat_template import PLAIN, ChatTemplate
@@ -92,8 +92,18 @@ def merge_pieces(metas: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def usage_of(metas: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The summed ``prompt_tokens`` and ``cached_tokens`` of the requests one call made (a
+    select's scoring requests): its cache figures."""
+    return {
+        key: sum(int(m.get(key) or 0) for m in metas) for key in ("prompt_tokens", "cached_tokens")
+    }
+
+
 class Backend(ABC):
     is_chat_model: bool = False
+    # Whether programs run on this backend send their call graph to report_program.
+    report_programs: bool = False
 
     def get_chat_template(self) -> ChatTemplate:
         return PLAIN
@@ -136,6 +146,10 @@ class Backend(ABC):
 
     def flush_cache(self) -> bool:
         return False
+
+    def report_program(self, name: str, graph: dict[str, Any], status: str) -> None:  # noqa: B027
+        """Hand a finished run's call graph (``run_graph.RunRecorder.to_dict``) to a viewer:
+        the server's dashboard. Backends with no viewer ignore it."""
 
     def shutdown(self) -> None:  # noqa: B027
         """Release what the backend holds (an engine, a connection)."""

@@ -5,19 +5,25 @@ over the program's whole text; the server's radix cache makes the shared part fr
 local engine's does. The chat template comes from the server's ``/get_model_info`` (radixlang
 sends the tokenizer's jinja template; an SGLang server does not, so it falls back to ``PLAIN``
 unless ``chat_template=`` is given).
+
+``report_programs=True`` posts each program run's call graph to the server's dashboard
+(``POST /dashboard/api/programs``), with each call's cache hits.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
 
-from radixlang.lang.backends.base import Backend, StreamMeta
+from radixlang.lang.backends.base import Backend, StreamMeta, usage_of
 from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
 from radixlang.lang.chat_template import PLAIN, ChatTemplate, from_jinja
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+
+log = logging.getLogger(__name__)
 
 _SERVER = "the server"
 # Fields of a /generate request that SGLang takes beside sampling_params, not inside it.
@@ -39,8 +45,11 @@ class RuntimeEndpoint(Backend):
         chat_template: ChatTemplate | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        report_programs: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.report_programs = report_programs
+        self._report_failed = False  # warn once, not per program
         self.service = ServiceClient(
             self.base_url, api_key, timeout, transport, EndpointError, _SERVER
         )
@@ -120,12 +129,13 @@ class RuntimeEndpoint(Backend):
             "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 0}}
         )
         first = max(cached["meta_info"]["prompt_tokens"] - _BOUNDARY_WINDOW, 0)
-        rows = self._score([prompt] + [prompt + c for c in choices], first)
+        metas: list[dict[str, Any]] = [cached["meta_info"]]
+        rows = self._score([prompt] + [prompt + c for c in choices], first, metas)
         departs = [_common_prefix_len(_ids(rows[0]), _ids(row)) for row in rows[1:]]
         if first > 0 and min(departs) == 0:
             # A choice departs at the window's first position or before it: look at it all.
             first = 0
-            rows = self._score([prompt] + [prompt + c for c in choices], first)
+            rows = self._score([prompt] + [prompt + c for c in choices], first, metas)
             departs = [_common_prefix_len(_ids(rows[0]), _ids(row)) for row in rows[1:]]
         lengths = [first + len(row) for row in rows[1:]]
         start = first + min(departs)
@@ -133,13 +143,16 @@ class RuntimeEndpoint(Backend):
         scored = [_filled(row[start - first :]) for row in rows[1:]]
         unconditional = None
         if method.requires_unconditional_logprobs:
-            unconditional = [_filled(row) for row in self._score(choices, 0)]
-        return decide(choices, scored, method, temperature, start, unconditional)
+            unconditional = [_filled(row) for row in self._score(choices, 0, metas)]
+        decision = decide(choices, scored, method, temperature, start, unconditional)
+        decision.meta_info.update(usage_of(metas))
+        return decision
 
     def _score(
-        self, texts: list[str], logprob_start_len: int
+        self, texts: list[str], logprob_start_len: int, metas: list[dict[str, Any]]
     ) -> list[list[tuple[float | None, int, str | None]]]:
-        """Each text's prompt log-probabilities from ``logprob_start_len`` on, in one request."""
+        """Each text's prompt log-probabilities from ``logprob_start_len`` on, in one request
+        (each answer's meta_info is added to ``metas``)."""
         outs = self.service.post(
             "/generate",
             {
@@ -152,7 +165,20 @@ class RuntimeEndpoint(Backend):
         )
         if not isinstance(outs, list) or len(outs) != len(texts):
             raise EndpointError(f"{_SERVER} answered a batch of {len(texts)} with {outs!r:.200}")
+        metas.extend(out["meta_info"] for out in outs)
         return [[tuple(e) for e in out["meta_info"]["input_token_logprobs"]] for out in outs]
+
+    def report_program(self, name: str, graph: dict[str, Any], status: str) -> None:
+        """Post the graph to the server's dashboard. A server that cannot take it (an SGLang
+        server, or one started with --no-dashboard) costs a warning, never the program."""
+        body = {"name": name, "status": status, "graph": graph}
+        try:
+            self.service.post("/dashboard/api/programs", body)
+        except EndpointError as e:
+            if not self._report_failed:
+                log.warning("could not report program %r to %s's dashboard: %s",
+                            name, self.base_url, e)  # fmt: skip
+            self._report_failed = True
 
     def shutdown(self) -> None:
         self.service.close()

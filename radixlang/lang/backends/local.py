@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from radixlang.lang.backends.base import Backend
+from radixlang.lang.backends.base import Backend, usage_of
 from radixlang.lang.chat_template import ChatTemplate, from_tokenizer
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 from radixlang.lang.interpreter import join_program_threads
@@ -43,10 +43,12 @@ atexit.register(_stop_programs_at_exit)
 
 
 class LocalBackend(Backend):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, report_programs: bool = False) -> None:
         if engine.tokenizer is None:
             raise ValueError(f"model {engine.files.name} has no tokenizer: programs need text")
         self.engine = engine
+        # A server sharing this engine draws reported programs on its dashboard.
+        self.report_programs = report_programs
         self.tokenizer = engine.tokenizer
         self.chat_template = from_tokenizer(engine.tokenizer, engine.files.name)
 
@@ -121,13 +123,16 @@ class LocalBackend(Backend):
             alone_scoring = {**scoring, "logprob_start_len": 0}
             alone = [self._submit(encode(c), alone_scoring) for c in choices]
         try:
-            scored = [self._token_logprobs(h.result()) for h in handles]
-            unconditional = [self._token_logprobs(h.result()) for h in alone] or None
+            results = [h.result() for h in handles + alone]
         except BaseException:
             for h in handles + alone:
                 h.abort()
             raise
-        return decide(choices, scored, method, temperature, start, unconditional)
+        scored = [self._token_logprobs(r) for r in results[: len(handles)]]
+        unconditional = [self._token_logprobs(r) for r in results[len(handles) :]] or None
+        decision = decide(choices, scored, method, temperature, start, unconditional)
+        decision.meta_info.update(usage_of([r.meta_info for r in results]))
+        return decision
 
     def _token_logprobs(self, result: GenerationResult) -> list[TokenLogprob]:
         return [
@@ -144,6 +149,9 @@ class LocalBackend(Backend):
         """Drop the engine's cached prefixes (``Engine.flush_cache``): True, or
         ``CacheBusyError`` when requests are still in flight after ``wait`` seconds."""
         return self.engine.flush_cache(wait)
+
+    def report_program(self, name: str, graph: dict[str, Any], status: str) -> None:
+        self.engine.programs.add(name, graph, status)
 
     def reset_stats(self) -> None:
         """Zero the engine's cumulative counters (``Engine.reset_stats``)."""
@@ -184,13 +192,16 @@ class Runtime(LocalBackend):
     ``model_path=`` is an alias for ``model`` (SGLang's name: ``sgl.Runtime(model_path=...)``
     programs run unchanged); giving both is a ``TypeError``. Keyword arguments go to
     :class:`~radixlang.runtime.engine.Engine`, by its names (``dtype``, default ``"auto"``;
-    ``device``, ``kv_memory``, ``threads``, ``max_batch_tokens``, ``schedule_policy``, ...)."""
+    ``device``, ``kv_memory``, ``threads``, ``max_batch_tokens``, ``schedule_policy``, ...).
+    ``report_programs=True``: each program run here leaves its call graph in the engine's
+    ``programs`` log, which a server on the same engine draws on its dashboard."""
 
     def __init__(
         self,
         model: str | Path | ModelFiles | None = None,
         *,
         model_path: str | Path | ModelFiles | None = None,
+        report_programs: bool = False,
         **engine_args: Any,
     ) -> None:
         if model is not None and model_path is not None:
@@ -202,5 +213,5 @@ class Runtime(LocalBackend):
         engine_args = with_runtime_defaults(engine_args)  # `radixlang run`'s settings, if any
         if model is not None:
             engine_args["model"] = model
-        super().__init__(Engine(**engine_args))
+        super().__init__(Engine(**engine_args), report_programs=report_programs)
         runtime_made(self)
