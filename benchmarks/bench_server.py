@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -317,7 +319,7 @@ def figures(
 
 
 async def run_levels(
-    side: Side, levels: list[Level], args: argparse.Namespace
+    side: Side, levels: list[Level], args: argparse.Namespace, label: str | None = None
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:
     params = {"temperature": 0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
     warm_params = {**params, "max_new_tokens": min(8, args.max_new_tokens)}
@@ -329,8 +331,9 @@ async def run_levels(
             # Warms the connections and caches the shared preamble, as on a server up a while.
             await run_clients(side, clients[: len(level.warmup)], level.warmup, warm_params)
             before = await side.read()
-            bar = tqdm(total=len(level.prompts), desc=f"  {side.name} c={level.concurrency}",
-                       unit="req", file=sys.stderr, leave=False, disable=None)  # fmt: skip
+            desc = f"  {label or side.name} c={level.concurrency}"
+            bar = tqdm(total=len(level.prompts), desc=desc, unit="req", file=sys.stderr,
+                       leave=False, disable=None)  # fmt: skip
             start = time.perf_counter()
             with bar:
                 samples = await run_clients(side, clients, level.prompts, params, bar)
@@ -343,7 +346,7 @@ async def run_levels(
         results.append(entry)
         texts.append([s.text for s in samples])
         print(
-            f"  {side.name} c={level.concurrency:<3d} {entry['requests']:4d} requests "
+            f"  {label or side.name} c={level.concurrency:<3d} {entry['requests']:4d} requests "
             f"{wall:7.2f} s  {entry['output_tokens_per_s']:7.1f} tok/s  "
             f"p50 {entry['latency_p50_s']:.3f} s  ttft p50 {entry['ttft_p50_s']:.3f} s",
             flush=True,
@@ -424,6 +427,8 @@ def run_server(
                 try:
                     info["server_info"] = await side.get_json("/get_server_info")
                     results, texts = await run_levels(side, levels, args)
+                    if args.dashboard:
+                        info["dashboard"] = await run_dashboard_rounds(side, levels, args, results)
                     await side.flush()
                     info["before_stop"] = await side.read()
                     return results, texts
@@ -445,6 +450,68 @@ def run_server(
     info["clean_shutdown"] = code == 0 and not errors
     print(f"server stopped with exit code {code} in {info['stop_s']:.1f} s", flush=True)
     return info, results, texts
+
+
+# ---- the dashboard's cost ------------------------------------------------------------------
+class DashboardWatcher:
+    """What an open dashboard page asks of the server: the history and the programs once, then
+    the live event stream (the programs again whenever their version changes)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events = 0
+        self.bytes = 0
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=None, trust_env=False) as client:
+            for path in ("/dashboard/api/history", "/dashboard/api/programs"):
+                (await client.get(path)).raise_for_status()
+            version = None
+            async with client.stream("GET", "/dashboard/api/events") as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    snapshot = json.loads(line[5:])
+                    self.events += 1
+                    self.bytes += len(line)
+                    if snapshot["programs_version"] != version:
+                        version = snapshot["programs_version"]
+                        (await client.get("/dashboard/api/programs")).raise_for_status()
+
+
+async def run_dashboard_rounds(
+    side: ServerSide, levels: list[Level], args: argparse.Namespace, first: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The levels again on the same server, alternately with a dashboard watching (open) and
+    without (closed); ``first`` is the closed run already made."""
+    closed, opened, watched = [first], [], []
+    for _ in range(args.dashboard_rounds):
+        watcher = DashboardWatcher(side.url)
+        task = asyncio.create_task(watcher.run())
+        try:
+            opened.append((await run_levels(side, levels, args, "server+dashboard"))[0])
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if watcher.events == 0:
+            raise RuntimeError("the dashboard's event stream sent nothing during a whole run")
+        watched.append({"events": watcher.events, "bytes": watcher.bytes})
+        closed.append((await run_levels(side, levels, args))[0])
+    out = []
+    for i, level in enumerate(levels):
+        shut = [run[i]["output_tokens_per_s"] for run in closed]
+        live = [run[i]["output_tokens_per_s"] for run in opened]
+        out.append({
+            "concurrency": level.concurrency,
+            "closed_tokens_per_s": shut,
+            "open_tokens_per_s": live,
+            "ratio_of_medians": statistics.median(live) / statistics.median(shut),
+            "ratio_min": min(live) / max(shut),
+            "ratio_max": max(live) / min(shut),
+        })  # fmt: skip
+    return {"rounds": args.dashboard_rounds, "watched": watched, "levels": out}
 
 
 def run_engine(
@@ -491,7 +558,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     levels = result["levels"]
     cs = [level["concurrency"] for level in levels]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    dashboard = result["server"].get("dashboard")
+    fig, all_axes = plt.subplots(1, 4 if dashboard else 3, figsize=(20 if dashboard else 15, 4.3))
+    axes = all_axes[:3]
     sides = (("server", "HTTP server", "C0"), ("engine", "in-process engine", "C1"))
     for side, label, color in sides:
         tps = [level[side]["output_tokens_per_s"] for level in levels]
@@ -525,6 +594,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=7)
     for ax in axes[1:]:
         ax.set_yscale("log")
+    if dashboard:
+        _plot_dashboard(all_axes[3], dashboard)
     cfg = result["config"]
     fig.suptitle(
         f"radixlang serve vs in-process Engine: {result['model']} {cfg['dtype']} on "
@@ -535,6 +606,25 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _plot_dashboard(ax: Any, dashboard: dict[str, Any]) -> None:
+    """Each run's tokens/s with the dashboard closed and open, per level."""
+    for i, lv in enumerate(dashboard["levels"]):
+        for offset, key, color, label in ((-0.12, "closed", "C0", "closed"),
+                                          (0.12, "open", "C3", "open")):  # fmt: skip
+            values = lv[f"{key}_tokens_per_s"]
+            ax.plot([i + offset] * len(values), values, "o", color=color, alpha=0.7,
+                    label=label if i == 0 else None)  # fmt: skip
+        top = max(lv["closed_tokens_per_s"] + lv["open_tokens_per_s"])
+        ax.annotate(f"x{lv['ratio_of_medians']:.3f}", (i, top), textcoords="offset points",
+                    xytext=(0, 6), ha="center", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(dashboard["levels"])),
+                  [f"c={lv['concurrency']}" for lv in dashboard["levels"]])  # fmt: skip
+    ax.set_title("tokens / s per run, dashboard closed vs open\n(label: open / closed medians)",
+                 fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -556,6 +646,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=True,
         help="prompts share a ~100-token preamble (--no-shared-prefix: none shared)",
     )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="also run each level with the dashboard open (its event stream read), alternating "
+        "with runs without it on the same server: the dashboard's cost",
+    )
+    parser.add_argument("--dashboard-rounds", type=int, default=3, help="open/closed pairs")
     parser.add_argument("--quick", action="store_true", help="tiny numbers, for the smoke test")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=600.0)
@@ -637,12 +734,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "server_exit_code": server_info["exit_code"],
         "server_clean_shutdown": server_info["clean_shutdown"],
     }
+    dashboard = server_info.get("dashboard")
+    if dashboard is not None:
+        result["summary"]["dashboard_ratio"] = {
+            str(lv["concurrency"]): lv["ratio_of_medians"] for lv in dashboard["levels"]
+        }
     args.out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = args.out / "bench_server.json", args.out / "bench_server.png"
+    # A dashboard run is its own result: it must not replace the plain run's.
+    name = "bench_server_dashboard" if args.dashboard else "bench_server"
+    json_path, png_path = args.out / f"{name}.json", args.out / f"{name}.png"
     json_path.write_text(json.dumps(result, indent=2, default=str))
     plot(result, png_path)
     print()
     print(table(result))
+    if dashboard is not None:
+        for lv in dashboard["levels"]:
+            print(
+                f"dashboard open vs closed, c={lv['concurrency']}: "
+                f"{lv['ratio_of_medians']:.3f}x tokens/s (median of {len(lv['open_tokens_per_s'])}"
+                f" open, {len(lv['closed_tokens_per_s'])} closed runs; pairwise "
+                f"{lv['ratio_min']:.3f}x to {lv['ratio_max']:.3f}x)"
+            )
     print(
         f"server exit code {server_info['exit_code']} "
         f"(clean shutdown: {server_info['clean_shutdown']}); "

@@ -22,10 +22,12 @@ def test_prompts_are_distinct_and_share_the_preamble_only_when_asked():
 
 
 def test_bench_server_quick_writes_json_and_plot(tmp_path, chat_model_dir):
+    """With --dashboard: the levels also run with the dashboard open and closed in turn."""
     bench = load("bench_server")
-    args = ["--quick", "--model", str(chat_model_dir), "--kv-memory", "64MiB"]
+    args = ["--quick", "--model", str(chat_model_dir), "--kv-memory", "64MiB", "--dashboard",
+            "--dashboard-rounds", "1"]  # fmt: skip
     result = bench.main([*args, "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "bench_server.json").read_text())
+    saved = json.loads((tmp_path / "bench_server_dashboard.json").read_text())
     assert [lv["concurrency"] for lv in saved["levels"]] == [1, 4]
     for level in saved["levels"]:
         for side in ("server", "engine"):
@@ -52,5 +54,12 @@ def test_bench_server_quick_writes_json_and_plot(tmp_path, chat_model_dir):
     # SIGINT: the server drained, freed every block and exited 0, with no error logged
     assert server["exit_code"] == 0, server["stderr_tail"]
     assert server["clean_shutdown"], server["stderr_tail"]
-    assert (tmp_path / "bench_server.png").stat().st_size > 0
+    assert (tmp_path / "bench_server_dashboard.png").stat().st_size > 0
+    assert not (tmp_path / "bench_server.json").exists()  # the plain run's result stays
     assert result["summary"]["http_overhead"].keys() == {"1", "4"}
+    dashboard = server["dashboard"]
+    assert dashboard["watched"][0]["events"] >= 1  # the watcher read the live stream
+    for lv in dashboard["levels"]:
+        assert len(lv["closed_tokens_per_s"]) == 2 and len(lv["open_tokens_per_s"]) == 1
+        assert lv["ratio_min"] <= lv["ratio_of_medians"] <= lv["ratio_max"]
+    assert result["summary"]["dashboard_ratio"].keys() == {"1", "4"}
