@@ -38,9 +38,7 @@ except ImportError:  # pragma: no cover - the dev extra installs it
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(
-        CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)"
-    ),  # fmt: skip
+    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)"),
     pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
 ]
 # Chromium on a machine with no network and no display (the flags Debian's package needs as
