@@ -483,30 +483,42 @@ class DashboardWatcher:
 async def run_dashboard_rounds(
     side: ServerSide, levels: list[Level], args: argparse.Namespace, first: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The levels again on the same server, alternately with a dashboard watching (open) and
-    without (closed); ``first`` is the closed run already made."""
-    closed, opened, watched = [first], [], []
-    for _ in range(args.dashboard_rounds):
-        watcher = DashboardWatcher(side.url)
-        task = asyncio.create_task(watcher.run())
-        try:
-            opened.append((await run_levels(side, levels, args, "server+dashboard"))[0])
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if watcher.events == 0:
-            raise RuntimeError("the dashboard's event stream sent nothing during a whole run")
-        watched.append({"events": watcher.events, "bytes": watcher.bytes})
-        closed.append((await run_levels(side, levels, args))[0])
+    """The levels again on the same server, with a dashboard watching (open) and without
+    (closed), in pairs whose order alternates (open-closed, closed-open, ...) so that a drift of
+    the machine's speed falls on both sides; ``first`` is the closed run already made."""
+    closed, opened, pairs, watched = [first], [], [], []
+    for round_ in range(args.dashboard_rounds):
+        pair: dict[str, list[dict[str, Any]]] = {}
+        for state in ("open", "closed") if round_ % 2 == 0 else ("closed", "open"):
+            if state == "closed":
+                pair[state] = (await run_levels(side, levels, args))[0]
+                continue
+            watcher = DashboardWatcher(side.url)
+            task = asyncio.create_task(watcher.run())
+            try:
+                pair[state] = (await run_levels(side, levels, args, "server+dashboard"))[0]
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if watcher.events == 0:
+                raise RuntimeError("the dashboard's event stream sent nothing during a whole run")
+            watched.append({"events": watcher.events, "bytes": watcher.bytes})
+        opened.append(pair["open"])
+        closed.append(pair["closed"])
+        pairs.append(pair)
     out = []
     for i, level in enumerate(levels):
         shut = [run[i]["output_tokens_per_s"] for run in closed]
         live = [run[i]["output_tokens_per_s"] for run in opened]
+        per_pair = [p["open"][i]["output_tokens_per_s"] / p["closed"][i]["output_tokens_per_s"]
+                    for p in pairs]  # fmt: skip
         out.append({
             "concurrency": level.concurrency,
             "closed_tokens_per_s": shut,
             "open_tokens_per_s": live,
+            "pair_ratios": per_pair,
+            "median_pair_ratio": statistics.median(per_pair),
             "ratio_of_medians": statistics.median(live) / statistics.median(shut),
             "ratio_min": min(live) / max(shut),
             "ratio_max": max(live) / min(shut),
@@ -752,8 +764,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(
                 f"dashboard open vs closed, c={lv['concurrency']}: "
                 f"{lv['ratio_of_medians']:.3f}x tokens/s (median of {len(lv['open_tokens_per_s'])}"
-                f" open, {len(lv['closed_tokens_per_s'])} closed runs; pairwise "
-                f"{lv['ratio_min']:.3f}x to {lv['ratio_max']:.3f}x)"
+                f" open, {len(lv['closed_tokens_per_s'])} closed runs); adjacent pairs: median "
+                f"{lv['median_pair_ratio']:.3f}x, "
+                + ", ".join(f"{r:.3f}" for r in lv["pair_ratios"])
             )
     print(
         f"server exit code {server_info['exit_code']} "

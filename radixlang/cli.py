@@ -175,6 +175,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         f"{engine.pool.block_size} tokens, {engine.runner.dtype}, {engine.runner.device})",
         flush=True,
     )
+    if server["dashboard"]:
+        print(f"radixlang: dashboard at http://{server['host']}:{server['port']}/dashboard",
+              flush=True)  # fmt: skip
     serve(engine, **server)
     return 0
 

@@ -62,4 +62,5 @@ def test_bench_server_quick_writes_json_and_plot(tmp_path, chat_model_dir):
     for lv in dashboard["levels"]:
         assert len(lv["closed_tokens_per_s"]) == 2 and len(lv["open_tokens_per_s"]) == 1
         assert lv["ratio_min"] <= lv["ratio_of_medians"] <= lv["ratio_max"]
+        assert len(lv["pair_ratios"]) == 1 and lv["median_pair_ratio"] > 0
     assert result["summary"]["dashboard_ratio"].keys() == {"1", "4"}

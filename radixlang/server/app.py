@@ -240,6 +240,7 @@ def create_app(
 
     app = FastAPI(title="radixlang", version=__version__, lifespan=lifespan)
     app.state.engine = engine
+    app.state.dashboard = board
     app.state.counters = counters
     app.state.max_queued_requests = max_queued_requests
     if allowed_origins:
@@ -517,9 +518,11 @@ def serve(
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    server = uvicorn.Server(_config(app, host, port, drain_timeout, log_level))
+    app.state.dashboard.closing = lambda: server.should_exit  # open pages must not hold a drain
     try:
         with contextlib.suppress(KeyboardInterrupt, _Terminated):
-            uvicorn.Server(_config(app, host, port, drain_timeout, log_level)).run()
+            server.run()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -558,6 +561,7 @@ class ServerThread:
         self.host, self.port = self._socket.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
         self._server = uvicorn.Server(_config(self.app, host, port, drain_timeout, log_level))
+        self.app.state.dashboard.closing = lambda: self._server.should_exit
         self._failure: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name="radixlang-http", daemon=True)
         self._thread.start()

@@ -93,6 +93,9 @@ class Dashboard:
         self._last: tuple[float, dict[str, float | int]] | None = None
         self._texts: dict[tuple[int, ...], str] = {}
         self._task: asyncio.Task | None = None
+        # Whether the server is shutting down (set by serve() and ServerThread to uvicorn's
+        # flag): event streams never end by themselves, and a drain would wait for them.
+        self.closing: Callable[[], bool] = lambda: False
         decode = engine.tokenizer.decode if engine.tokenizer is not None else None
         self._decode: Callable[[list[int]], str] = decode or (lambda ids: " ".join(map(str, ids)))
 
@@ -264,9 +267,12 @@ class Dashboard:
         self.watchers.add(queue)
         try:
             yield _event(json.dumps(first, ensure_ascii=False))
-            while True:
-                payload = await queue.get()
-                if await request.is_disconnected():
+            while not self.closing():
+                try:
+                    payload = await asyncio.wait_for(queue.get(), max(1.0, 2 * self.interval))
+                except TimeoutError:
+                    continue
+                if await request.is_disconnected() or self.closing():
                     return
                 yield _event(payload)
         finally:
