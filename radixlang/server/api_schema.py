@@ -382,6 +382,59 @@ _RESPONSES: dict[str, dict[str, Any]] = {
         **_object({"success": {"const": True}}, open_=True),
         "additionalProperties": _INT,
     },
+    # The dashboard's API (docs/dashboard.md): the top level exactly, the parts open.
+    "DashboardSnapshot": _object(
+        {
+            "time": _NUM,
+            "model": _STR,
+            "interval": _NUM,
+            "metrics": {"type": "object", "additionalProperties": _NUM},
+            "stats": {"type": "object", "additionalProperties": _NUM},
+            "tree": _object(
+                {
+                    "nodes": {"type": "array", "items": _OPEN_OBJECT},
+                    "hidden": {"type": "array", "items": _OPEN_OBJECT},
+                    "evictions": {"type": "array", "items": _OPEN_OBJECT},
+                    "num_nodes": _INT,
+                    "shown_nodes": _INT,
+                    "cached_tokens": _INT,
+                },
+                open_=True,
+            ),
+            "pool": _object(
+                {"total": _INT, "free": _INT, "used": _INT, "map": _OPEN_OBJECT}, open_=True
+            ),
+            "requests": {"type": "array", "items": _OPEN_OBJECT},
+            "programs_version": _INT,
+            "point": _nullable(_OPEN_OBJECT),
+        },
+        required=[
+            "time",
+            "model",
+            "interval",
+            "metrics",
+            "stats",
+            "tree",
+            "pool",
+            "requests",
+            "programs_version",
+        ],
+    ),
+    "DashboardHistory": _object(
+        {"interval": _NUM, "points": {"type": "array", "items": _OPEN_OBJECT}}
+    ),
+    "ProgramList": _object(
+        {
+            "version": _INT,
+            "programs": {
+                "type": "array",
+                "items": _object(
+                    {"id": _INT, "name": _STR, "time": _NUM, "status": _STR, "graph": _OPEN_OBJECT}
+                ),
+            },
+        }
+    ),
+    "ProgramId": _object({"id": _INT}),
     "TokenizeResult": _object({"tokens": _INTS, "count": _INT, "max_model_len": _INT}),
     "DetokenizeResult": _object({"text": _STR}),
 }
@@ -389,6 +442,7 @@ _RESPONSES: dict[str, dict[str, Any]] = {
 _STATUS_TEXT = {
     400: "The request is malformed or refused; the error names the field (param).",
     401: "A valid API key is required (Authorization: Bearer <key>).",
+    403: "A tenant's key: the dashboard's API needs the server's --api-key.",
     404: "The model does not exist.",
     413: "The body is over the size limit.",
     415: "The body is not application/json.",
@@ -414,6 +468,14 @@ def _event(chunk: str, openai: bool) -> dict[str, Any]:
     return {"type": "object", "properties": {"data": data}, "required": ["data"]}
 
 
+def snapshot_events() -> dict[str, Any]:
+    """``/dashboard/api/events``: each event's ``data`` is a snapshot (with its ``point``); the
+    stream has no end (the client hangs up)."""
+    data = {"type": "string", "contentMediaType": "application/json",
+            "contentSchema": ref("DashboardSnapshot")}  # fmt: skip
+    return {"type": "object", "properties": {"data": data}, "required": ["data"]}
+
+
 def components(body_models: list[tuple[str, type[BaseModel]]]) -> dict[str, Any]:
     """Every component schema: the response and error schemas, the bodies pydantic parses
     (``body_models``: name, model) and the models they use."""
@@ -436,6 +498,7 @@ def route_docs(
     auth: bool = False,
     text: bool = False,
     query: list[dict[str, Any]] | None = None,
+    events: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``responses`` and ``openapi_extra`` for a route: its 200 (component ``ok``, or plain text),
     ``body`` (a component, as application/json), ``errors`` (statuses; 500 always, 401 with
@@ -447,6 +510,8 @@ def route_docs(
         content["application/json"] = {"schema": ref(ok)}
     if stream is not None:
         content["text/event-stream"] = {"itemSchema": _event(stream, openai)}
+    if events is not None:  # a stream of another shape (``snapshot_events``)
+        content["text/event-stream"] = {"itemSchema": events}
     error = {"content": {"application/json": {"schema": ref("OpenAIError" if openai else "Error")}}}
     codes = sorted({*errors, 500, *((401,) if auth else ())})
     responses: dict[int | str, Any] = {200: {"description": "Success", "content": content}}

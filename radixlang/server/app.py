@@ -58,7 +58,7 @@ from radixlang.server.common import (
     read_body,
     submit_all,
 )
-from radixlang.server.dashboard import Dashboard, add_routes
+from radixlang.server.dashboard import Dashboard, ProgramReport, add_routes
 from radixlang.server.openai import ChatBody, CompletionBody, OpenAIRoutes
 from radixlang.version import __version__
 
@@ -450,7 +450,8 @@ def create_app(
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             bodies = [("CompletionBody", CompletionBody), ("ChatBody", ChatBody),
                       ("TokenizeBody", TokenizeBody), ("DetokenizeBody", DetokenizeBody),
-                      ("AbortBody", AbortBody), ("ConcatBody", ConcatBody)]  # fmt: skip
+                      ("AbortBody", AbortBody), ("ConcatBody", ConcatBody),
+                      ("ProgramReport", ProgramReport)]  # fmt: skip
             found = schema.setdefault("components", {})
             found.setdefault("schemas", {}).update(components(bodies))
             if auth:
@@ -464,7 +465,7 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     if dashboard:
-        add_routes(app, board)
+        add_routes(app, board, docs)
     return app
 
 

@@ -28,6 +28,7 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.engine_view import BLOCK_STATES, FREE
 from radixlang.server import metrics
+from radixlang.server.api_schema import snapshot_events
 from radixlang.server.common import read_body
 
 log = logging.getLogger(__name__)
@@ -290,14 +291,16 @@ def _cell(states: bytearray, owners: list[int], first: int, end: int) -> tuple[i
 
 
 def _event(payload: str) -> str:
-    return f"event: snapshot\ndata: {payload}\n\n"
+    return f"data: {payload}\n\n"
 
 
 # ---- routes --------------------------------------------------------------------------------
-def add_routes(app: Any, dashboard: Dashboard) -> None:
-    """The page, its files and its API on ``app`` (the API is keyed like the rest: app.py)."""
+def add_routes(app: Any, dashboard: Dashboard, docs: Callable[..., dict[str, Any]]) -> None:
+    """The page, its files and its API on ``app`` (the API is keyed like the rest: app.py).
+    ``docs(ok, **kw)``: a route's OpenAPI answers (``api_schema.route_docs``, with auth). The
+    page and its files are plain routes outside the schema: static files, not the API."""
 
-    async def page() -> FileResponse:
+    async def page(request: Request) -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def static(name: str) -> FileResponse:
@@ -331,11 +334,27 @@ def add_routes(app: Any, dashboard: Dashboard) -> None:
             dashboard.events(request), media_type="text/event-stream", headers=headers
         )
 
-    hidden = {"include_in_schema": False}
-    app.add_api_route(PAGE, page, methods=["GET"], **hidden)
-    app.add_api_route(PAGE + "/static/{name}", static, methods=["GET"], **hidden)
-    app.add_api_route(API + "/snapshot", snapshot, methods=["GET"], **hidden)
-    app.add_api_route(API + "/history", history, methods=["GET"], **hidden)
-    app.add_api_route(API + "/programs", programs, methods=["GET"], **hidden)
-    app.add_api_route(API + "/programs", report_program, methods=["POST"], **hidden)
-    app.add_api_route(API + "/events", events, methods=["GET"], **hidden)
+    app.router.add_route(PAGE, page, methods=["GET"], include_in_schema=False)
+    app.router.add_route(PAGE + "/static/{name}", _path_arg(static), methods=["GET"],
+                         include_in_schema=False)  # fmt: skip
+    keyed = (403,) if docs(None)["responses"].get(401) else ()
+    app.add_api_route(API + "/snapshot", snapshot, methods=["GET"],
+                      **docs("DashboardSnapshot", errors=keyed))  # fmt: skip
+    app.add_api_route(API + "/history", history, methods=["GET"],
+                      **docs("DashboardHistory", errors=keyed))  # fmt: skip
+    app.add_api_route(API + "/programs", programs, methods=["GET"],
+                      **docs("ProgramList", errors=keyed))  # fmt: skip
+    app.add_api_route(API + "/programs", report_program, methods=["POST"],
+                      **docs("ProgramId", body="ProgramReport",
+                             errors=(*keyed, 400, 413, 415)))  # fmt: skip
+    app.add_api_route(API + "/events", events, methods=["GET"],
+                      **docs(None, events=snapshot_events(), errors=keyed))  # fmt: skip
+
+
+def _path_arg(endpoint: Callable[[str], Any]) -> Callable[[Request], Any]:
+    """A plain route's endpoint takes the request: hand ``endpoint`` its ``name``."""
+
+    async def call(request: Request) -> Any:
+        return await endpoint(request.path_params["name"])
+
+    return call

@@ -183,3 +183,26 @@ def _wait_until(condition) -> None:  # type: ignore[no-untyped-def]
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_snapshots_fit_the_openapi_schema(server, client):
+    """The event stream is left out of the schemathesis run (it never ends): its events and the
+    other dashboard answers are checked against /openapi.json here."""
+    import jsonschema
+
+    doc = client.get("/openapi.json").json()
+    paths = doc["paths"]
+    events = paths["/dashboard/api/events"]["get"]["responses"]["200"]["content"]
+    item = events["text/event-stream"]["itemSchema"]["properties"]["data"]
+    assert item["contentSchema"] == {"$ref": "#/components/schemas/DashboardSnapshot"}
+
+    def check(value: object, name: str) -> None:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+        jsonschema.validate(value, schema)
+
+    for event in _events(server.url, 2):
+        check(event, "DashboardSnapshot")
+    check(client.get("/dashboard/api/snapshot").json(), "DashboardSnapshot")
+    check(client.get("/dashboard/api/history").json(), "DashboardHistory")
+    check(client.get("/dashboard/api/programs").json(), "ProgramList")
+    assert "/dashboard" not in paths  # the page is a static file, not an API operation
