@@ -429,6 +429,9 @@ def run_server(
                     results, texts = await run_levels(side, levels, args)
                     if args.dashboard:
                         info["dashboard"] = await run_dashboard_rounds(side, levels, args, results)
+                        if args.dashboard_windows:
+                            windows = await run_dashboard_windows(side, args)
+                            info["dashboard"]["windows"] = windows
                     await side.flush()
                     info["before_stop"] = await side.read()
                     return results, texts
@@ -524,6 +527,71 @@ async def run_dashboard_rounds(
             "ratio_max": max(live) / min(shut),
         })  # fmt: skip
     return {"rounds": args.dashboard_rounds, "watched": watched, "levels": out}
+
+
+async def run_dashboard_windows(side: ServerSide, args: argparse.Namespace) -> dict[str, Any]:
+    """One continuous load at the highest concurrency, the dashboard opened and closed in
+    windows of ``--dashboard-window`` seconds in the order open, closed, closed, open, ... (so
+    that a drift of the machine's speed falls on both sides), generated tokens per second read
+    from /metrics at each window's edges. Short windows over one load resolve a small cost
+    better than whole runs on a shared machine whose speed wanders by 10% from run to run."""
+    concurrency = max(args.concurrency)
+    params = {"temperature": 0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
+    prompts = make_prompts(4096, args.shared_prefix, tag="Window question")
+    clients = [side.open_client() for _ in range(concurrency)]
+    stop = asyncio.Event()
+
+    async def client_loop(client: Any, first: int) -> None:
+        i = first
+        while not stop.is_set():
+            await side.request(client, prompts[i % len(prompts)], params)
+            i += concurrency
+
+    loops = [asyncio.create_task(client_loop(c, k)) for k, c in enumerate(clients)]
+    windows: list[dict[str, Any]] = []
+    try:
+        await asyncio.sleep(args.dashboard_window)  # to a steady state first
+        for w in range(args.dashboard_windows):
+            is_open = (w % 4) in (0, 3)
+            watcher = DashboardWatcher(side.url)
+            task = asyncio.create_task(watcher.run()) if is_open else None
+            before, start = await side.read(), time.perf_counter()
+            await asyncio.sleep(args.dashboard_window)
+            after, end = await side.read(), time.perf_counter()
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            tokens = after["generated_tokens"] - before["generated_tokens"]
+            rate = tokens / (end - start)
+            windows.append({"open": is_open, "seconds": end - start, "tokens": tokens,
+                            "tokens_per_s": rate, "events": watcher.events})  # fmt: skip
+            print(f"  window {w + 1:2d} {'open  ' if is_open else 'closed'} "
+                  f"{rate:7.1f} tok/s", flush=True)  # fmt: skip
+    finally:
+        stop.set()
+        await asyncio.gather(*loops)
+        for client in clients:
+            await side.close_client(client)
+    live = [w["tokens_per_s"] for w in windows if w["open"]]
+    shut = [w["tokens_per_s"] for w in windows if not w["open"]]
+    # Each open window against the closed one beside it (o c | c o | o c | ...).
+    pairs = [windows[i]["tokens_per_s"] / windows[i + 1]["tokens_per_s"]
+             if windows[i]["open"] else windows[i + 1]["tokens_per_s"] / windows[i]["tokens_per_s"]
+             for i in range(0, len(windows) - 1, 2)]  # fmt: skip
+    ratio = statistics.mean(live) / statistics.mean(shut)
+    return {
+        "concurrency": concurrency,
+        "window_s": args.dashboard_window,
+        "windows": windows,
+        "ratio_of_means": ratio,
+        "pair_ratios": pairs,
+        "median_pair_ratio": statistics.median(pairs),
+        # The spread of the pairs' ratios, as a standard error of their mean.
+        "pair_ratio_stderr": statistics.stdev(pairs) / len(pairs) ** 0.5
+        if len(pairs) > 1
+        else None,
+    }
 
 
 def run_engine(
@@ -635,6 +703,11 @@ def _plot_dashboard(ax: Any, dashboard: dict[str, Any]) -> None:
                   [f"c={lv['concurrency']}" for lv in dashboard["levels"]])  # fmt: skip
     ax.set_title("tokens / s per run, dashboard closed vs open\n(label: open / closed medians)",
                  fontsize=9)  # fmt: skip
+    win = dashboard.get("windows")
+    if win:
+        ax.text(0.02, 0.02, f"{len(win['windows'])} windows of {win['window_s']:g} s in one load: "
+                f"open / closed {win['ratio_of_means']:.3f}x", transform=ax.transAxes,
+                fontsize=8)  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
 
@@ -642,7 +715,13 @@ def _plot_dashboard(ax: Any, dashboard: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a name, a folder or a .gguf")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32", "float16"],
+        help="auto: bfloat16 where the CPU or GPU computes it natively, else float32 (a CPU "
+        "without AVX-512 BF16 or AMX emulates bfloat16 several times slower)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kv-memory", default="1GiB", help="KV cache size on both sides")
     parser.add_argument("--concurrency", type=int, nargs="+", help="default 1 8 32 (quick: 1 4)")
@@ -665,6 +744,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "with runs without it on the same server: the dashboard's cost",
     )
     parser.add_argument("--dashboard-rounds", type=int, default=3, help="open/closed pairs")
+    parser.add_argument(
+        "--dashboard-windows",
+        type=int,
+        default=0,
+        help="with --dashboard, then this many windows of one continuous load, the dashboard "
+        "open and closed in turn (an even number; 0: none)",
+    )
+    parser.add_argument("--dashboard-window", type=float, default=10.0, help="seconds each")
     parser.add_argument("--quick", action="store_true", help="tiny numbers, for the smoke test")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=600.0)
@@ -759,6 +846,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot(result, png_path)
     print()
     print(table(result))
+    if dashboard is not None and "windows" in dashboard:
+        win = dashboard["windows"]
+        result["summary"]["dashboard_window_ratio"] = win["ratio_of_means"]
+        stderr = win["pair_ratio_stderr"]
+        print(
+            f"dashboard open vs closed over {len(win['windows'])} windows of one load at "
+            f"c={win['concurrency']}: {win['ratio_of_means']:.3f}x tokens/s (means); adjacent "
+            f"pairs median {win['median_pair_ratio']:.3f}x"
+            + (
+                f", mean {statistics.mean(win['pair_ratios']):.3f}x ± {stderr:.3f}"
+                if stderr
+                else ""
+            )
+        )
     if dashboard is not None:
         for lv in dashboard["levels"]:
             print(

@@ -25,7 +25,8 @@ def test_bench_server_quick_writes_json_and_plot(tmp_path, chat_model_dir):
     """With --dashboard: the levels also run with the dashboard open and closed in turn."""
     bench = load("bench_server")
     args = ["--quick", "--model", str(chat_model_dir), "--kv-memory", "64MiB", "--dashboard",
-            "--dashboard-rounds", "1"]  # fmt: skip
+            "--dashboard-rounds", "1", "--dashboard-windows", "4",
+            "--dashboard-window", "0.5"]  # fmt: skip
     result = bench.main([*args, "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "bench_server_dashboard.json").read_text())
     assert [lv["concurrency"] for lv in saved["levels"]] == [1, 4]
@@ -64,3 +65,7 @@ def test_bench_server_quick_writes_json_and_plot(tmp_path, chat_model_dir):
         assert lv["ratio_min"] <= lv["ratio_of_medians"] <= lv["ratio_max"]
         assert len(lv["pair_ratios"]) == 1 and lv["median_pair_ratio"] > 0
     assert result["summary"]["dashboard_ratio"].keys() == {"1", "4"}
+    windows = dashboard["windows"]
+    assert [w["open"] for w in windows["windows"]] == [True, False, False, True]
+    assert all(w["tokens"] > 0 for w in windows["windows"])  # the load ran throughout
+    assert windows["windows"][0]["events"] >= 1 and len(windows["pair_ratios"]) == 2
