@@ -489,6 +489,8 @@ async def run_dashboard_rounds(
     """The levels again on the same server, with a dashboard watching (open) and without
     (closed), in pairs whose order alternates (open-closed, closed-open, ...) so that a drift of
     the machine's speed falls on both sides; ``first`` is the closed run already made."""
+    if args.dashboard_rounds == 0:
+        return {"rounds": 0, "watched": [], "levels": []}
     closed, opened, pairs, watched = [first], [], [], []
     for round_ in range(args.dashboard_rounds):
         pair: dict[str, list[dict[str, Any]]] = {}
@@ -536,14 +538,19 @@ async def run_dashboard_windows(side: ServerSide, args: argparse.Namespace) -> d
     from /metrics at each window's edges. Short windows over one load resolve a small cost
     better than whole runs on a shared machine whose speed wanders by 10% from run to run."""
     concurrency = max(args.concurrency)
-    params = {"temperature": 0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
     prompts = make_prompts(4096, args.shared_prefix, tag="Window question")
     clients = [side.open_client() for _ in range(concurrency)]
     stop = asyncio.Event()
+    # Lengths from half to one and a half max_new_tokens, so the clients' requests fall out of
+    # step: in lockstep they end together, and a window's count swings with where it falls in
+    # that wave rather than with the dashboard.
+    low = max(1, args.max_new_tokens // 2)
 
     async def client_loop(client: Any, first: int) -> None:
         i = first
         while not stop.is_set():
+            length = low + (i * 37) % (args.max_new_tokens + 1)
+            params = {"temperature": 0, "max_new_tokens": length, "ignore_eos": True}
             await side.request(client, prompts[i % len(prompts)], params)
             i += concurrency
 
