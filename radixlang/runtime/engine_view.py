@@ -20,7 +20,7 @@ from radixlang.runtime.request import Req, ReqStatus
 from radixlang.runtime.scheduler import RELEASED
 
 HEAD_TOKENS = 64  # of a node's edge: enough text to recognise it
-TAIL_TOKENS = 256  # of a request's output so far
+TAIL_TOKENS = 128  # of a request's output so far (the page shows its last 400 characters)
 
 # Block states, by code (a bytearray holds one per block).
 FREE, CACHED, LOCKED, REQUEST = 0, 1, 2, 3

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,8 +98,7 @@ class Dashboard:
         # Whether the server is shutting down (set by serve() and ServerThread to uvicorn's
         # flag): event streams never end by themselves, and a drain would wait for them.
         self.closing: Callable[[], bool] = lambda: False
-        decode = engine.tokenizer.decode if engine.tokenizer is not None else None
-        self._decode: Callable[[list[int]], str] = decode or (lambda ids: " ".join(map(str, ids)))
+        self._decode = _decoder(engine.tokenizer)
 
     # The sampler runs on the server's event loop for the app's life (see app.lifespan).
     def start(self) -> None:
@@ -217,23 +217,26 @@ class Dashboard:
         states, owners, names = blocks["states"], blocks["owners"], blocks["names"]
         total = len(states)
         per_cell = max(1, math.ceil(total / MAP_CELLS))
+        if per_cell == 1:
+            cells: Iterable[tuple[int, int]] = zip(states, owners, strict=True)
+        else:
+            cells = (_cell(states, owners, first, min(first + per_cell, total))
+                     for first in range(0, total, per_cell))  # fmt: skip
         legend = [""]
-        index: dict[int, int] = {}  # holder -> its legend entry
+        index: dict[int, int] = {-1: 0}  # holder -> its legend entry ("" for free cells)
         runs: list[list[Any]] = []
-        for first in range(0, total, per_cell):
-            state, owner = _cell(states, owners, first, min(first + per_cell, total))
-            if owner < 0:
-                where = 0
-            else:
-                where = index.get(owner)
-                if where is None:
-                    where = index[owner] = len(legend)
-                    legend.append(names[owner])
+        # Runs of equal cells grouped at C speed: the loop below runs once per run, not per block.
+        for (state, owner), run in itertools.groupby(cells):
+            where = index.get(owner)
+            if where is None:
+                where = index[owner] = len(legend)
+                legend.append(names[owner])
+            count = sum(1 for _ in run)
             name = BLOCK_STATES[state]
             if runs and runs[-1][0] == name and runs[-1][1] == where:
-                runs[-1][2] += 1
+                runs[-1][2] += count
             else:
-                runs.append([name, where, 1])
+                runs.append([name, where, count])
         return {
             "total": stats["blocks_total"],
             "free": stats["blocks_free"],
@@ -278,6 +281,18 @@ class Dashboard:
                 yield _event(payload)
         finally:
             self.watchers.discard(queue)
+
+
+def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """Token ids to text for display: the fast tokenizer's own decoder where there is one (it
+    skips transformers' per-id type checks, most of a snapshot's decoding time), else
+    ``decode``, else the ids themselves."""
+    if tokenizer is None:
+        return lambda ids: " ".join(map(str, ids))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda ids: backend.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode
 
 
 def _cell(states: bytearray, owners: list[int], first: int, end: int) -> tuple[int, int]:
