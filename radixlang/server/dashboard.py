@@ -161,7 +161,7 @@ class Dashboard:
             "blocks_free": stats["blocks_free"],
             "blocks_used": stats["blocks_used"],
             "blocks_evictable": stats["blocks_evictable"],
-            "blocks_held": int(stats["blocks_used"]) - int(stats["blocks_evictable"]),
+            "blocks_held": metrics.blocks_held(stats),
             "running": stats["running_requests"],
             "waiting": stats["waiting_requests"],
         }
@@ -242,7 +242,7 @@ class Dashboard:
             "free": stats["blocks_free"],
             "used": stats["blocks_used"],
             "evictable": stats["blocks_evictable"],
-            "held": int(stats["blocks_used"]) - int(stats["blocks_evictable"]),
+            "held": metrics.blocks_held(stats),
             "block_size": self.engine.pool.block_size,
             "tier_total": stats.get("tier_blocks_total", 0),
             "tier_used": stats.get("tier_blocks_used", 0),

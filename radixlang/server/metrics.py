@@ -60,16 +60,16 @@ def engine_samples(stats: dict[str, float | int]) -> dict[str, float | int]:
     """The engine's samples of the page by full name (labels included), as :func:`render`
     writes them: what the dashboard shows, so that its figures and /metrics agree."""
     samples = {PREFIX + name: stats[key] for key, name, _, _ in _ENGINE_METRICS}
-    samples[PREFIX + "kv_blocks_held"] = _held(stats)
+    samples[PREFIX + "kv_blocks_held"] = blocks_held(stats)
     for reason in _REASONS:
         label = f'{PREFIX}requests_finished_by_reason_total{{reason="{reason}"}}'
         samples[label] = stats.get(f"finished_{reason}", 0)
     return samples
 
 
-def _held(stats: dict[str, float | int]) -> int:
-    # Blocks that neither the free list nor the cache alone holds: running requests' (or a leak,
-    # when the engine is idle).
+def blocks_held(stats: dict[str, float | int]) -> int:
+    """Blocks that neither the free list nor the cache alone holds: running requests' (or a
+    leak, when the engine is idle)."""
     return int(stats["blocks_used"]) - int(stats["blocks_evictable"])
 
 
@@ -79,7 +79,7 @@ def render(stats: dict[str, float | int], http: HTTPCounters) -> str:
         out += _head(name, kind, help_text)
         out.append(_line(name, stats[key]))
     out += _head("kv_blocks_held", "gauge", "KV blocks held by requests (used - evictable).")
-    out.append(_line("kv_blocks_held", _held(stats)))
+    out.append(_line("kv_blocks_held", blocks_held(stats)))
     out += _head("requests_finished_by_reason_total", "counter", "Requests finished, by reason.")
     for reason in _REASONS:
         count = stats.get(f"finished_{reason}", 0)
