@@ -42,8 +42,9 @@ from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.dtype_choice import AUTO, choose_dtype
 from radixlang.runtime.engine_view import block_owners, request_rows, tree_view
 from radixlang.runtime.grammar_masks import MaskFiller
-from radixlang.runtime.handle import EventCallback, RequestHandle
+from radixlang.runtime.handle import EventCallback, RequestHandle, ResultCallback
 from radixlang.runtime.host_tier import HostTier
+from radixlang.runtime.kv_events import KvEvent
 from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 from radixlang.runtime.program_log import ProgramLog
@@ -167,6 +168,10 @@ class Engine:
     ``max_context`` caps the context window below the model's (prompt plus output tokens per
     request): longer prompts are refused and ``max_new_tokens`` is cut to fit, as at the
     model's own limit.
+
+    ``kv_events`` makes the radix cache announce the blocks it stores and removes
+    (``runtime/kv_events.py``; read them with :meth:`kv_events_since`): what a router in
+    front of several engines follows to send each request where its prefix is cached.
     """
 
     def __init__(
@@ -196,6 +201,7 @@ class Engine:
         cache_dir: str | Path | None = None,
         preemption: str | None = None,
         grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
+        kv_events: bool = False,
     ) -> None:
         if max_context is not None and (
             not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
@@ -277,6 +283,8 @@ class Engine:
                 else None
             )
             self.cache = RadixCache(self.pool, self.host_tier)
+            if kv_events:
+                self.cache.enable_kv_events()
             # On by default, on CPU too (default model, float32, batch 32, the JSON workload of
             # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
             # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
@@ -363,8 +371,11 @@ class Engine:
         request_id: str | None = None,
         on_event: EventCallback | None = None,
         cache_salt: str | None = None,
+        on_result: ResultCallback | None = None,
     ) -> RequestHandle:
         """Queue a request; thread-safe. Bad requests raise ``RequestError`` here.
+        ``on_event`` and ``on_result`` are called on the engine thread with each stream event
+        and the result.
 
         ``cache_salt`` (else ``request.cache_salt``): the request reuses only prefixes cached
         by requests with the same salt."""
@@ -428,7 +439,7 @@ class Engine:
                 )
             except (TypeError, ValueError) as e:
                 raise RequestError(f"stop: {e}") from None
-        handle = RequestHandle(rid, self.abort, on_event)
+        handle = RequestHandle(rid, self.abort, on_event, on_result)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the engine is shut down")
@@ -616,6 +627,22 @@ class Engine:
                 "blocks": {"states": states, "owners": owners, "names": names},
                 "requests": request_rows(self.scheduler.running, self.scheduler.waiting),
             }
+
+        return self._call(read)
+
+    def kv_events_since(self, seq: int) -> tuple[list[KvEvent], bool]:
+        """The KV events after number ``seq`` (any thread), and whether the log dropped some
+        of them (then rebuild from :meth:`kv_block_hashes`). Empty without ``kv_events``."""
+        log_ = self.cache.kv_events
+        return log_.since(seq) if log_ is not None else ([], False)
+
+    def kv_block_hashes(self) -> tuple[int, list[tuple[int, list[int]]]]:
+        """The last KV event's number and every cached block's hash then (per node: salt
+        seed, hashes), read between two steps: where a consumer that fell behind restarts."""
+
+        def read() -> tuple[int, list[tuple[int, list[int]]]]:
+            log_ = self.cache.kv_events
+            return (log_.last_seq if log_ else 0), self.cache.block_hashes()
 
         return self._call(read)
 
@@ -1333,6 +1360,11 @@ def _check_threads(threads: int | None) -> int | None:
     ):
         raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
     return threads
+
+
+def load_tokenizer(files: ModelFiles) -> Any | None:
+    """The model's tokenizer as an engine loads it (None for a model without one)."""
+    return _load_tokenizer(files)
 
 
 def _load_tokenizer(files: ModelFiles) -> Any | None:

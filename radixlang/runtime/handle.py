@@ -13,6 +13,7 @@ from radixlang.runtime.request import FinishReason, GenerationResult, StreamEven
 log = logging.getLogger(__name__)
 
 EventCallback = Callable[[StreamEvent], None]
+ResultCallback = Callable[[GenerationResult], None]
 
 
 class GenerationError(RuntimeError):
@@ -25,10 +26,12 @@ class RequestHandle:
         request_id: str,
         abort: Callable[[str], None],
         on_event: EventCallback | None = None,
+        on_result: ResultCallback | None = None,
     ) -> None:
         self.request_id = request_id
         self._abort = abort
         self._on_event = on_event
+        self._on_result = on_result
         self._events: list[StreamEvent] = []
         self._result: GenerationResult | None = None
         self._lock = threading.RLock()
@@ -51,6 +54,11 @@ class RequestHandle:
         with self._lock:
             self._result = result
             self._wake()
+        if self._on_result is not None:
+            try:
+                self._on_result(result)
+            except Exception:
+                log.exception("on_result callback of request %s failed", self.request_id)
 
     def _wake(self) -> None:
         if self._waiting:  # notify_all costs a few microseconds even with nobody waiting

@@ -41,6 +41,14 @@ from itertools import pairwise
 from typing import Any, Protocol
 
 from radixlang.runtime.block_pool import BlockPool, IntegrityError
+from radixlang.runtime.kv_events import (
+    CLEARED,
+    REMOVED,
+    STORED,
+    KvEventLog,
+    block_hashes,
+    salt_seed,
+)
 
 
 class TierStore(Protocol):
@@ -71,6 +79,7 @@ class _Node:
         "blocks",
         "children",
         "evicted",
+        "hashes",
         "hits",
         "host_blocks",
         "id",
@@ -99,6 +108,9 @@ class _Node:
         # Tiered: the KV is in these host-tier blocks (by block index, like ``blocks``) and
         # ``blocks`` is empty.
         self.host_blocks: list[int] = []
+        # With KV events on: the chain hashes of the full blocks whose last token is in this
+        # node, i.e. block indices [start // block_size, end // block_size).
+        self.hashes: list[int] = []
 
     @property
     def tiered(self) -> bool:
@@ -222,6 +234,37 @@ class RadixCache:
         self.tier_written_blocks_total = 0  # device blocks copied into the tier
         self.tier_loaded_tokens_total = 0  # tokens loaded back from the tier
         self.tier_dropped_tokens_total = 0  # tiered tokens dropped for good (the tier was full)
+        # What is stored and removed, block by block, for routers (``enable_kv_events``).
+        self.kv_events: KvEventLog | None = None
+
+    def enable_kv_events(self, log: KvEventLog | None = None) -> KvEventLog:
+        """Start emitting KV events (``runtime/kv_events.py``) into ``log`` (a new one if not
+        given); what is cached already is announced first, parents before children."""
+        self.kv_events = log if log is not None else KvEventLog()
+        for salt, root in self.roots():
+            seed = salt_seed(salt)
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                self._name_blocks(node, seed)
+                stack.extend(node.children.values())
+        return self.kv_events
+
+    def block_hashes(self) -> list[tuple[int, list[int]]]:
+        """Every cached block's hash, as (salt seed, hashes) per node: the whole state a KV
+        event consumer rebuilds from after falling behind (empty without KV events)."""
+        if self.kv_events is None:
+            return []
+        out = []
+        for salt, root in self.roots():
+            seed = salt_seed(salt)
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                stack.extend(node.children.values())
+                if node.hashes:
+                    out.append((seed, list(node.hashes)))
+        return out
 
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, tokens: Sequence[int], salt: str = "") -> MatchResult:
@@ -360,6 +403,8 @@ class RadixCache:
                 self._roots[salt] = root  # the salt's first prefix: its root joins the tree
                 self._root_salts[root] = salt
             leaf.own_blocks = self._count_own_blocks(leaf)
+            if self.kv_events is not None:
+                self._name_blocks(leaf, salt_seed(salt), key)
             self._evictable_blocks += leaf.own_blocks
             self._num_nodes += 1
             self._cached_tokens += len(leaf.tokens)
@@ -456,6 +501,8 @@ class RadixCache:
         self._evictable_blocks = self._protected_blocks = 0
         self._num_nodes = self._cached_tokens = self._tiered_tokens = 0
         self.evicted_blocks_total += len(freed)
+        if self.kv_events is not None:
+            self.kv_events.append(CLEARED)
         return freed
 
     # ---- invariants ----------------------------------------------------------------------
@@ -495,6 +542,9 @@ class RadixCache:
                 continue
             nodes += 1
             first, last = node.start // bs, (node.end - 1) // bs
+            if self.kv_events is not None:
+                named = node.end // bs - first
+                _expect(len(node.hashes) == named, f"node {node.id}: hashes for {named} blocks")
             device_children = [c for c in node.children.values() if not c.tiered]
             if node.tiered:
                 _expect(self.tier is not None, f"node {node.id}: tiered, but there is no tier")
@@ -754,6 +804,8 @@ class RadixCache:
         upper.lock_ref = node.lock_ref
         upper.last_access = node.last_access
         upper.hits = node.hits
+        named = cut // bs - node.start // bs  # the blocks whose last token is above the cut
+        upper.hashes, node.hashes = node.hashes[:named], node.hashes[named:]
         parent.children[upper.tokens[0]] = upper
         if node.tiered:  # the same cut in the tier's blocks; no device block is involved
             assert self.tier is not None
@@ -797,6 +849,47 @@ class RadixCache:
             up = up.parent
         return len(node.blocks)
 
+    # ---- KV events ---------------------------------------------------------------------------
+    def _name_blocks(self, node: _Node, seed: int, key: list[int] | None = None) -> None:
+        """Hash ``node``'s blocks (``key``: the tokens from the root to at least its end) and
+        announce them as stored."""
+        assert self.kv_events is not None
+        bs = self.block_size
+        first, stop = node.start // bs, node.end // bs
+        if first == stop:
+            return
+        if key is None:
+            key = self._path_tokens(node)
+        previous = self._hash_of_block(node.parent, first - 1, seed)
+        node.hashes = block_hashes(key[: stop * bs], bs, first=first, previous=previous)
+        parent = previous if first else None
+        self.kv_events.append(STORED, node.hashes, parent, seed)
+
+    def _hash_of_block(self, node: _Node | None, index: int, seed: int) -> int:
+        """The hash of block ``index`` on the path ending at ``node`` (``seed`` before 0)."""
+        if index < 0:
+            return seed
+        bs = self.block_size
+        while node is not None and node.parent is not None:
+            first = node.start // bs
+            if first <= index < first + len(node.hashes):
+                return node.hashes[index - first]
+            node = node.parent
+        raise AssertionError(f"block {index} has no hash on the path")
+
+    @staticmethod
+    def _path_tokens(node: _Node) -> list[int]:
+        parts = []
+        up: _Node | None = node
+        while up is not None:
+            parts.append(up.tokens)
+            up = up.parent
+        return [t for part in reversed(parts) for t in part]
+
+    def _announce_removal(self, node: _Node) -> None:
+        if self.kv_events is not None and node.hashes:
+            self.kv_events.append(REMOVED, node.hashes)
+
     def _block_table(self, path: list[_Node]) -> list[int]:
         table: list[int] = []
         for node in path:  # a deeper node's block wins at the index it shares with its parent
@@ -830,6 +923,7 @@ class RadixCache:
         self._num_nodes -= 1
         self._cached_tokens -= len(node.tokens)
         freed = self.pool.decref(node.blocks)
+        self._announce_removal(node)
         self._refresh_candidate(parent)
         return freed
 
@@ -954,6 +1048,7 @@ class RadixCache:
         self._tiered_tokens -= len(node.tokens)
         self.tier_dropped_tokens_total += len(node.tokens)
         freed = len(self.tier.pool.decref(node.host_blocks))
+        self._announce_removal(node)
         self._refresh_candidate(parent)
         return freed
 

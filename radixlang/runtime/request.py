@@ -49,6 +49,9 @@ class GenerateRequest:
     # Prefixes cached under one salt are reused only by requests with the same salt (tenant
     # isolation: no time-to-first-token side channel across salts).
     cache_salt: str = ""
+    # A router in front of several engines keeps requests with one key (a program's, a
+    # chat's) on one engine; an engine itself ignores it.
+    routing_key: str | None = None
 
 
 @dataclass

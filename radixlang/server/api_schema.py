@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from radixlang.runtime.request import MAX_CACHE_SALT_CHARS
+from radixlang.server.common import MAX_ROUTING_KEY_CHARS
 
 REF = "#/components/schemas/{model}"
 
@@ -124,6 +125,7 @@ _GENERATE_BODY: dict[str, Any] = {
         "stream": _BOOL,
         "rid": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
         "cache_salt": _nullable({"type": "string", "maxLength": MAX_CACHE_SALT_CHARS}),
+        "routing_key": _nullable({"type": "string", "maxLength": MAX_ROUTING_KEY_CHARS}),
     },
     "additionalProperties": True,
     # Exactly one of text and input_ids (null counts as absent).

@@ -124,6 +124,22 @@ def cache_salt(request: Request, salt: str | None) -> str:
     return salt if tenant is None else f"{tenant}\0{salt}"
 
 
+# The header a client names a routing key with where its body has no field for it.
+ROUTING_KEY_HEADER = "x-routing-key"
+MAX_ROUTING_KEY_CHARS = 256
+
+
+def routing_key(request: Request, key: str | None) -> str | None:
+    """The routing key of a request (the body's ``routing_key``, else the ``X-Routing-Key``
+    header): in front of several replicas, requests with one key go to one replica."""
+    if key is None:
+        key = request.headers.get(ROUTING_KEY_HEADER) or None
+        if key is not None and len(key) > MAX_ROUTING_KEY_CHARS:
+            raise APIError(400, f"the {ROUTING_KEY_HEADER} header is longer than "
+                           f"{MAX_ROUTING_KEY_CHARS} characters", param="routing_key")  # fmt: skip
+    return key
+
+
 def validation_error(error: ValidationError) -> APIError:
     """A problem pydantic found, as a 400 naming the field by its path."""
     errors = error.errors()

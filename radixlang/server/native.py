@@ -42,6 +42,7 @@ from radixlang.runtime.request import (
 )
 from radixlang.runtime.sampling import STRUCTURED_OUTPUT
 from radixlang.server.common import (
+    MAX_ROUTING_KEY_CHARS,
     SSE_DONE,
     APIError,
     TokenTexts,
@@ -51,6 +52,7 @@ from radixlang.server.common import (
     parse_body,
     read_json,
     results_unless_disconnected,
+    routing_key,
     sse,
     submit_all,
 )
@@ -126,6 +128,8 @@ class GenerateBody(BaseModel):
     rid: str | list[str] | None = None
     # Requests reuse only the cached prefixes of requests with the same salt (and tenant).
     cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_CHARS)
+    # Behind several replicas: requests with one key (a program's, a chat's) share a replica.
+    routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
 
 
 def _is_off(value: Any) -> bool:
@@ -283,8 +287,10 @@ async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response
     body = parse_body(sglang_fields(await read_json(request)), GenerateBody)
     items, as_list = parse_items(body)
     salt = cache_salt(request, body.cache_salt)
+    key = routing_key(request, body.routing_key)
     for it in items:
         it.request.cache_salt = salt
+        it.request.routing_key = key
     prompt_field = "text" if body.text is not None else "input_ids"
     handles = await submit_all(
         engine,

@@ -37,6 +37,7 @@ from radixlang.runtime.request import (
 )
 from radixlang.server import tools as tooling
 from radixlang.server.common import (
+    MAX_ROUTING_KEY_CHARS,
     SSE_DONE,
     APIError,
     TokenBytes,
@@ -46,6 +47,7 @@ from radixlang.server.common import (
     merged_events,
     read_body,
     results_unless_disconnected,
+    routing_key,
     sse,
     submit_all,
 )
@@ -73,6 +75,7 @@ class _Body(BaseModel):
     user: str | None = None
     # vLLM-style extras
     cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_CHARS)
+    routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -265,8 +268,10 @@ class OpenAIRoutes:
         ``chat.completion``) with the ``choices`` made of the results; a 499 (and the requests
         aborted) if the client leaves first."""
         salt = cache_salt(request, body.cache_salt)
+        key = routing_key(request, body.routing_key)
         for r in requests:
             r.cache_salt = salt
+            r.routing_key = key
         handles = await submit_all(
             self.engine,
             requests,

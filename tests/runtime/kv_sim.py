@@ -106,3 +106,33 @@ class SlotTier:
             assert self.pool.refcount(h) > 0, "read from a free tier block"
             self.store.slots[d] = list(self.slots[h])
         self.reads += len(host_blocks)
+
+
+class KvEventMirror:
+    """A router's view of a cache, kept from its KV events alone: after each step it must
+    match the cache on every prefix (to the block) and hold exactly the cache's blocks."""
+
+    def __init__(self, cache) -> None:
+        from radixlang.cluster.prefix_index import PrefixIndex
+
+        self.cache = cache
+        self.log = cache.enable_kv_events()
+        self.index = PrefixIndex()
+        self.seen = 0
+
+    def check(self, queries) -> None:
+        """``queries``: (salt, tokens) pairs to compare the view and the cache on."""
+        from radixlang.runtime.kv_events import block_hashes
+
+        events, gap = self.log.since(self.seen)
+        assert not gap
+        for event in events:
+            assert event.seq == self.seen + 1, "KV events out of order"
+            self.index.apply(event)
+            self.seen = event.seq
+        snapshot = {h for _, hashes in self.cache.block_hashes() for h in hashes}
+        assert self.index._stored == snapshot, "the view holds blocks the cache does not"
+        bs = self.cache.block_size
+        for salt, tokens in queries:
+            cached = self.cache.peek_prefix_len(list(tokens), salt) // bs
+            assert self.index.match(block_hashes(list(tokens), bs, salt)) == cached

@@ -15,7 +15,7 @@ from collections import Counter
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from kv_sim import Served, SlotStore, release, serve
+from kv_sim import KvEventMirror, Served, SlotStore, release, serve
 
 from radixlang.runtime.block_pool import BlockPool, OutOfBlocksError
 from radixlang.runtime.radix_cache import CacheInUseError, RadixCache
@@ -37,6 +37,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.prefixes: set[tuple[int, ...]] = {()}
         self.access: dict[tuple[int, ...], int] = {}
         self.clock = 0
+        self.mirror = KvEventMirror(self.cache)
 
     # ---- the reference model ---------------------------------------------------------------
     def expected_match(self, tokens: list[int]) -> int:
@@ -175,6 +176,12 @@ class RadixCacheMachine(RuleBasedStateMachine):
         assert self.cache.cached_tokens == len(self.prefixes) - 1
         for r in self.requests:
             assert self.store.read_ok(r.tokens, r.blocks, len(r.tokens)), "held KV overwritten"
+
+    @invariant()
+    def kv_events_mirror_the_tree(self) -> None:
+        # The leaves of the reference, each one step past its end too (where a match stops).
+        ends = self.prefixes - {p[:-1] for p in self.prefixes if p}
+        self.mirror.check([("", (*p, 1)) for p in ends])
 
     def teardown(self) -> None:
         while self.requests:

@@ -17,7 +17,7 @@ from collections import Counter
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from kv_sim import Served, SlotStore, SlotTier, release, serve
+from kv_sim import KvEventMirror, Served, SlotStore, SlotTier, release, serve
 
 from radixlang.runtime.block_pool import BlockPool, OutOfBlocksError
 from radixlang.runtime.radix_cache import CacheInUseError, RadixCache
@@ -42,6 +42,7 @@ class TierMachine(RuleBasedStateMachine):
         self.inserted: set[tuple[str, tuple[int, ...]]] = {("", ()), ("s", ())}
         # 50 steps insert at most 50 * 14 tokens: 400 blocks never fill, so nothing is dropped.
         self.lossless = self.tier_blocks >= 400
+        self.mirror = KvEventMirror(self.cache)
 
     def expected(self, tokens: list[int], salt: str) -> int:
         n = 0
@@ -144,6 +145,10 @@ class TierMachine(RuleBasedStateMachine):
     def held_kv_intact(self) -> None:
         for r in self.requests:
             assert self.store.read_ok(r.tokens, r.blocks, len(r.tokens)), "held KV overwritten"
+
+    @invariant()
+    def kv_events_mirror_the_tree(self) -> None:
+        self.mirror.check(self.inserted)
 
     def teardown(self) -> None:
         while self.requests:

@@ -1,0 +1,119 @@
+"""KV events: what the radix cache stores and removes, block by block, as a stream a router
+(or anyone else) can follow to know what an engine has cached without asking it.
+
+Each full block of a cached sequence is named by a chain hash: the hash of the block's tokens
+and the hash of the block before it, so a block's hash names the whole prefix up to its end.
+A consumer hashes a prompt the same way (:func:`block_hashes`) and counts how many of its
+leading hashes an engine holds: that is the engine's cached prefix, to the block.
+
+The hash is BLAKE2b (8-byte digest, as an unsigned int) over the previous hash (8 bytes,
+little-endian) and the block's token ids (4 bytes each, little-endian); the first block's
+"previous hash" is the cache salt's seed (:func:`salt_seed`, 0 for no salt). Any language can
+compute it.
+
+A block counts as cached while the radix tree holds its tokens, on the device or in the host
+tier (a tiered prefix still skips the prefill). Blocks a node only partly fills are not named:
+consumers see prefixes to the block, never to the token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+STORED = "stored"
+REMOVED = "removed"
+CLEARED = "cleared"  # the whole cache was flushed: forget everything before
+
+
+def salt_seed(salt: str) -> int:
+    """The chain's starting value for a cache salt: 0 for none, else a hash of its UTF-8."""
+    if not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little")
+
+
+def chain_hash(previous: int, tokens: Sequence[int]) -> int:
+    """The hash of one full block after a block whose hash is ``previous``."""
+    data = struct.pack("<Q", previous) + array("I", tokens).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def block_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    salt: str = "",
+    first: int = 0,
+    previous: int | None = None,
+) -> list[int]:
+    """The chain hashes of the full blocks of ``tokens`` from block index ``first`` on;
+    ``previous`` is block ``first - 1``'s hash (computed from the tokens when not given)."""
+    if previous is None:
+        previous = salt_seed(salt)
+        for i in range(first):
+            previous = chain_hash(previous, tokens[i * block_size : (i + 1) * block_size])
+    out = []
+    for i in range(first, len(tokens) // block_size):
+        previous = chain_hash(previous, tokens[i * block_size : (i + 1) * block_size])
+        out.append(previous)
+    return out
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    """One change: ``hashes`` (in prefix order) became cached (``stored``, right after the
+    block whose hash is ``parent``; None for a sequence's first block) or left the cache
+    (``removed``); or everything was dropped (``cleared``)."""
+
+    seq: int  # position in the engine's stream, from 1
+    kind: str
+    hashes: tuple[int, ...] = ()
+    parent: int | None = None
+    salt_seed: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "kind": self.kind,
+            "hashes": list(self.hashes),
+            "parent": self.parent,
+            "salt_seed": self.salt_seed,
+        }
+
+
+class KvEventLog:
+    """The latest events, numbered. Appended on the engine thread, read from any thread; a
+    reader that fell more than ``capacity`` events behind is told so (``gap``) and must take a
+    fresh snapshot of the cache instead."""
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._events: deque[KvEvent] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._next = 1
+
+    @property
+    def last_seq(self) -> int:
+        """The number of the newest event (0 before the first)."""
+        return self._next - 1
+
+    def append(
+        self, kind: str, hashes: Sequence[int] = (), parent: int | None = None, seed: int = 0
+    ) -> None:
+        with self._lock:
+            self._events.append(KvEvent(self._next, kind, tuple(hashes), parent, seed))
+            self._next += 1
+
+    def since(self, seq: int) -> tuple[list[KvEvent], bool]:
+        """The events after number ``seq``, and whether some of them were already dropped."""
+        with self._lock:
+            if not self._events or seq >= self._next - 1:
+                return [], False
+            oldest = self._events[0].seq
+            gap = seq + 1 < oldest
+            skip = max(0, seq + 1 - oldest)
+            return [self._events[i] for i in range(skip, len(self._events))], gap
