@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixlang.bench_catalog import BenchmarkError
 from radixlang.config import (
+    CLUSTER_KEYS,
     SERVER_SETTINGS,
     SETTINGS,
     Config,
@@ -159,16 +160,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # a bad file fails before torch and uvicorn load
     import logging
 
-    from radixlang.runtime.engine import Engine
     from radixlang.server.app import serve
 
     server = config.server_kwargs()
+    cluster = {key: server.pop(key) for key in CLUSTER_KEYS}
     server["api_key"] = server["api_key"] or os.environ.get(API_KEY_ENV)
     if server["api_keys_file"]:
         load_api_keys(server["api_keys_file"])  # a bad keys file, too, fails before torch
     level = server["log_level"].upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    engine = Engine(**_engine_kwargs(config))
+    if cluster["replicas"] > 1 or cluster["ray_address"]:
+        engine = _replica_set(config, cluster)
+        if server["dashboard"]:
+            print("radixlang: the dashboard shows one engine; it is off with replicas",
+                  flush=True)  # fmt: skip
+            server["dashboard"] = False
+    else:
+        from radixlang.runtime.engine import Engine
+
+        engine = Engine(**_engine_kwargs(config))
     print(
         f"radixlang: serving {server['served_model_name'] or engine.files.name} on "
         f"http://{server['host']}:{server['port']} ({engine.pool.num_blocks} KV blocks of "
@@ -180,6 +190,32 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               flush=True)  # fmt: skip
     serve(engine, **server)
     return 0
+
+
+def _replica_set(config: Config, cluster: dict[str, Any]) -> Any:
+    """``serve --replicas N``: N engines on Ray behind the one endpoint."""
+    try:
+        from radixlang.cluster.replica_set import ReplicaSet
+    except ImportError as e:
+        raise ConfigError(f"--replicas needs Ray ({e}): pip install 'radixlang[ray]'") from None
+    kwargs = _engine_kwargs(config)
+    model = kwargs.pop("model", None)
+    if "cache_dir" in kwargs:
+        raise ConfigError("engine.cache_dir is one engine's: it cannot be given with replicas")
+    replicas = ReplicaSet(
+        model,
+        cluster["replicas"],
+        routing=cluster["routing"],
+        ray_address=cluster["ray_address"],
+        cpus_per_replica=cluster["cpus_per_replica"],
+        **kwargs,
+    )
+    where = cluster["ray_address"] or "a local Ray"
+    nodes = len({info["node_id"] for info in replicas.replica_info})
+    print(f"radixlang: {replicas.num_replicas} replicas on {where} ({nodes} node(s), "
+          f"{replicas.cpus_per_replica} CPU(s) each, {cluster['routing']} routing)",
+          flush=True)  # fmt: skip
+    return replicas
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

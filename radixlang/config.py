@@ -34,6 +34,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8")  # the runtime's models/linear.py QUANTIZATIONS
 PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ROUTING_POLICIES = ("cache_aware", "round_robin")  # cluster/router.py POLICIES
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
 DEFAULT_KV_MEMORY = "1GiB"
 # engine.kv_memory's sizes: the same pattern as runtime/engine.py's parse_memory.
@@ -287,7 +288,17 @@ SERVER_SETTINGS = (
             "seconds between the dashboard's live snapshots"),
     Setting("server", "dashboard_max_nodes", POSITIVE_INT, 150,
             "the dashboard draws the radix tree's N largest nodes"),
+    Setting("server", "replicas", POSITIVE_INT, 1,
+            "engines behind the endpoint; more than 1 runs them as Ray actors (the ray extra)"),
+    Setting("server", "ray_address", TEXT, None,
+            "join this Ray cluster for the replicas (default: start a local Ray)"),
+    Setting("server", "routing", _choice_kind(ROUTING_POLICIES), "cache_aware",
+            "how requests are spread over replicas: by cached prefix and load, or in turn"),
+    Setting("server", "cpus_per_replica", POSITIVE_INT, None,
+            "CPUs (and torch threads) per replica (default: the cluster's CPUs shared out)"),
 )  # fmt: skip
+# The settings that shape the replica set rather than the HTTP app.
+CLUSTER_KEYS = ("replicas", "ray_address", "routing", "cpus_per_replica")
 SETTINGS = {s.name: s for s in (*ENGINE_SETTINGS, *SERVER_SETTINGS)}
 
 

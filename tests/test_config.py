@@ -183,12 +183,19 @@ def test_kv_memory_sizes_are_those_the_engine_reads(size):
 def test_every_setting_is_an_engine_or_serve_argument():
     import inspect
 
+    from radixlang.cluster.replica_set import ReplicaSet
+    from radixlang.config import CLUSTER_KEYS
     from radixlang.runtime.engine import Engine
     from radixlang.server.app import create_app, serve
 
     engine = inspect.signature(Engine).parameters
     server = {*inspect.signature(serve).parameters, *inspect.signature(create_app).parameters}
+    # The replica set's own settings name its arguments (``replicas``: the count).
+    cluster = {*inspect.signature(ReplicaSet).parameters}
+    assert set(CLUSTER_KEYS) <= cluster
     for name, setting in SETTINGS.items():
+        if setting.key in CLUSTER_KEYS:
+            continue
         assert setting.key in (engine if setting.section == "engine" else server), name
 
 

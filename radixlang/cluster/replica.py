@@ -97,6 +97,11 @@ class EngineReplica:
     def check_integrity(self) -> None:
         self.engine.check_integrity()
 
+    def stall(self, seconds: float) -> None:
+        """Hold the engine thread for ``seconds`` (failure drills: requests queue up here
+        without producing anything, as behind a long prefill)."""
+        self.engine._call(lambda: time.sleep(seconds))
+
     def shutdown(self) -> None:
         self.engine.shutdown(True)
 
