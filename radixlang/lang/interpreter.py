@@ -36,6 +36,7 @@ from radixlang.lang.ir import (
     VarScopeEnd,
     as_expr,
 )
+from radixlang.lang.routing import in_scope, new_program_key, routing_scope
 
 if TYPE_CHECKING:
     from radixlang.lang.run_graph import RunRecorder
@@ -148,6 +149,8 @@ class StateExecutor:
         self.recorder: RunRecorder | None = None
         self.chain = 0
         self._call_nodes: dict[str | None, int] = {}  # a gen/select's variable -> its node
+        # What a multi-replica server routes this program's requests by (forks share it).
+        self.routing_key = new_program_key()
 
     # ---- the program's side --------------------------------------------------------------
     def submit(self, value: object) -> None:
@@ -240,6 +243,7 @@ class StateExecutor:
             child = StateExecutor(self.backend, self.defaults, self.stream, self.chat_template)
             child._idle = Signal()  # busy until it inherits the parent's state
             child._inherited = Signal()
+            child.routing_key = self.routing_key
             if self.recorder is not None:
                 child.recorder, child.chain = self.recorder, self.recorder.new_chain()
             children.append(child)
@@ -389,7 +393,8 @@ class StateExecutor:
                     return
                 expr = self._queue.popleft()
             try:
-                self._execute(expr)
+                with routing_scope(self.routing_key):
+                    self._execute(expr)
             except BaseException as e:  # the state stops; waiters wake and raise it
                 self._fail(e)
                 self._fail_forks(e, [expr])
@@ -517,7 +522,7 @@ class StateExecutor:
         self.gens[expr.name] = expr
         if expr.n > 1:
             with ThreadPoolExecutor(expr.n) as pool:
-                calls = [pool.submit(generate, prompt, sampling) for _ in range(expr.n)]
+                calls = [pool.submit(in_scope(generate), prompt, sampling) for _ in range(expr.n)]
                 outs = [call.result() for call in calls]
             self.text += outs[0][0]
             self._set_var(expr.name, [t for t, _ in outs], [m for _, m in outs])

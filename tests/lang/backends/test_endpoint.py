@@ -634,3 +634,35 @@ def test_leaving_a_stream_early_aborts_the_request_on_the_server(endpoint, engin
     stats = engine.stats()
     assert stats["finished_abort"] == aborted + 1
     assert stats["running_requests"] == 0
+
+
+# ---- routing keys -----------------------------------------------------------------------------
+def test_a_programs_requests_and_its_forks_carry_one_routing_key():
+    """For a server with several replicas: every request of one run (its prefill-only fork
+    request, each branch, n samples) has the run's X-Routing-Key; another run has another."""
+    server = ScriptedServer()
+    keys: list[tuple[str, str | None]] = []
+    handle = server.handle
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        keys.append((request.url.path, request.headers.get("x-routing-key")))
+        return handle(request)
+
+    backend = RuntimeEndpoint("http://server", transport=httpx.MockTransport(recording))
+
+    @sgl.function
+    def branches(s):
+        s += "A shared start."
+        forks = s.fork(2)
+        for f in forks:
+            f += " Next:" + sgl.gen("x", max_tokens=2)
+        s += sgl.gen("many", max_tokens=2, n=2)
+
+    runs = []
+    for _ in range(2):
+        keys.clear()
+        branches.run(backend=backend)
+        sent = [key for path, key in keys if path == "/generate"]
+        assert len(sent) == 5 and len(set(sent)) == 1 and sent[0].startswith("program-"), keys
+        runs.append(sent[0])
+    assert runs[0] != runs[1]
