@@ -13,6 +13,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 
 def _free_port() -> int:
@@ -187,3 +188,32 @@ def test_overload_is_refused_with_503_and_cors_is_answered(chat_model_dir):
             assert "access-control-allow-origin" not in other.headers
     finally:
         engine.shutdown(free_cache=True)
+
+
+@pytest.mark.ray
+def test_serve_with_two_replicas_on_a_local_ray(chat_model_dir):
+    """``radixlang serve --replicas 2`` starts a local Ray (loopback), serves through both
+    replicas and stops them on SIGINT, exiting 0."""
+    pytest.importorskip("ray")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
+           "--port", str(port), "--dtype", "float32", "--kv-memory", "16MiB",
+           "--replicas", "2", "--cpus-per-replica", "1"]  # fmt: skip
+    proc = _start(cmd, url)
+    try:
+        prompts = [f"Item {i}: a distinct opening line" for i in range(6)]
+        body = {"text": prompts, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        out = httpx.post(url + "/generate", json=body, timeout=60)
+        assert out.status_code == 200 and len(out.json()) == 6, out.text
+        stats = httpx.get(url + "/get_server_info", timeout=30).json()["stats"]
+        assert stats["replicas_up"] == 2 and stats["finished_requests"] >= 6
+        assert httpx.get(url + "/dashboard", timeout=5).status_code == 404  # one engine's page
+        proc.send_signal(signal.SIGINT)
+        printed, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "2 replicas on a local Ray" in printed and "cache_aware routing" in printed
