@@ -41,6 +41,18 @@ def test_importing_the_runtime_package_loads_no_engine():
     assert result.returncode == 0, result.stderr
 
 
+def test_a_single_server_and_the_router_import_no_ray():
+    """Ray is the replica set's alone (the ``ray`` extra)."""
+    check = (
+        "import sys\n"
+        "import radixlang.cli, radixlang.server.app, radixlang.runtime.engine\n"
+        "import radixlang.cluster.router, radixlang.cluster.prefix_index\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     # The copy comes first on the path, so grimp reads it instead of the installed package.
     env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
