@@ -264,6 +264,9 @@ ENGINE_SETTINGS = (
             "seconds one request's regex, JSON schema or grammar may take to compile (default "
             "5); a slower one is refused as a bad request"),
     Setting("engine", "seed", INTEGER, 0, "the engine's sampling seed"),
+    Setting("engine", "kv_events", BOOL, None,
+            "announce the blocks the radix cache stores and removes (GET /kv_events), for "
+            "routers"),
 )  # fmt: skip
 SERVER_SETTINGS = (
     Setting("server", "host", TEXT, "127.0.0.1", "address to listen on"),

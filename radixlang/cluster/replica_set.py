@@ -361,8 +361,12 @@ class ReplicaSet:
             except Exception as e:
                 cause = _cause(e)
                 with self._lock:
-                    self._flights.pop(rid, None)
-                    self.router.finished(route.replica)
+                    mine = self._flights.get(rid) is flight and flight.replica == route.replica
+                    if mine:
+                        del self._flights[rid]
+                        self.router.finished(route.replica)
+                if not mine:
+                    return  # the replica died meanwhile and its poller moved the request
                 if isinstance(cause, RequestError | EngineClosedError):
                     raise type(cause)(str(cause)) from None
                 if not _is_replica_failure(e):

@@ -630,6 +630,10 @@ class Engine:
 
         return self._call(read)
 
+    @property
+    def kv_events_enabled(self) -> bool:
+        return self.cache.kv_events is not None
+
     def kv_events_since(self, seq: int) -> tuple[list[KvEvent], bool]:
         """The KV events after number ``seq`` (any thread), and whether the log dropped some
         of them (then rebuild from :meth:`kv_block_hashes`). Empty without ``kv_events``."""

@@ -384,6 +384,31 @@ _RESPONSES: dict[str, dict[str, Any]] = {
         **_object({"success": {"const": True}}, open_=True),
         "additionalProperties": _INT,
     },
+    # GET /kv_events (docs/scale_out.md): the radix cache's stored / removed blocks.
+    "KvEvents": _object(
+        {
+            "last_seq": _INT,
+            "gap": _BOOL,
+            "block_size": _INT,
+            "events": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "seq": _INT,
+                        "kind": {"enum": ["stored", "removed", "cleared"]},
+                        "hashes": _INTS,
+                        "parent": _nullable(_INT),
+                        "salt_seed": _INT,
+                    }
+                ),
+            },
+            "snapshot": {
+                "type": "array",
+                "items": _object({"salt_seed": _INT, "hashes": _INTS}),
+            },
+        },
+        required=["last_seq", "gap", "block_size", "events"],
+    ),
     # The dashboard's API (docs/dashboard.md): the top level exactly, the parts open.
     "DashboardSnapshot": _object(
         {

@@ -394,6 +394,28 @@ def create_app(
                           operation_id=f"flush_cache_{method.lower()}",
                           **docs("FlushResult", errors=(400,), query=[timeout]))  # fmt: skip
 
+    after = {"name": "after", "in": "query", "required": False,
+             "description": "The last event number already read (default 0: from the start).",
+             "schema": {"type": "integer", "minimum": 0}}  # fmt: skip
+
+    @app.get("/kv_events", **docs("KvEvents", errors=(400,), query=[after]))
+    async def kv_events(request: Request) -> JSONResponse:
+        """The KV events after number ``?after=`` (docs/scale_out.md); where the log no longer
+        holds them all, ``gap`` and a ``snapshot`` of every cached block's hash instead."""
+        if not getattr(engine, "kv_events_enabled", False):
+            raise APIError(400, "the server was started without --kv-events", kind="no_kv_events")
+        seq = _after(request.query_params.get("after"))
+        events, gap = await run_in_threadpool(engine.kv_events_since, seq)
+        body: dict[str, Any] = {"gap": gap, "block_size": engine.pool.block_size}
+        if gap:
+            last, nodes = await run_in_threadpool(engine.kv_block_hashes)
+            body |= {"last_seq": last, "events": [],
+                     "snapshot": [{"salt_seed": s, "hashes": h} for s, h in nodes]}  # fmt: skip
+        else:
+            body |= {"last_seq": events[-1].seq if events else seq,
+                     "events": [e.to_dict() for e in events]}  # fmt: skip
+        return JSONResponse(body)
+
     @app.post("/save_cache", **docs("SaveCacheResult", errors=(400,)))
     async def save_cache() -> JSONResponse:
         """Save the radix cache to the engine's ``cache_dir`` now (it is also saved at
@@ -467,6 +489,15 @@ def create_app(
     if dashboard:
         add_routes(app, board, docs)
     return app
+
+
+def _after(value: str | None) -> int:
+    """``/kv_events``' ``after`` query parameter: an event number >= 0."""
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit()):
+        raise APIError(400, f"after must be an event number >= 0, got {value!r}", param="after")
+    return int(value)
 
 
 def _flush_timeout(value: str | None) -> float:
