@@ -4,7 +4,6 @@ where Ray is not installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 
@@ -14,14 +13,10 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-HAS_RAY = importlib.util.find_spec("ray") is not None
-
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    if not HAS_RAY:
-        pytest.skip("ray is not installed (pip install 'radixlang[ray]')")
-    import ray
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'radixlang[ray]')")
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -22,7 +22,6 @@ from radixlang.lang.backends.base import Backend, StreamMeta, usage_of
 from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
 from radixlang.lang.chat_template import PLAIN, ChatTemplate, from_jinja
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
-from radixlang.lang.routing import add_routing_header
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +54,6 @@ class RuntimeEndpoint(Backend):
             self.base_url, api_key, timeout, transport, EndpointError, _SERVER
         )
         self.client = self.service.client
-        # A program's requests carry its routing key (lang/routing.py) for a replicated server.
-        self.client.event_hooks["request"].append(add_routing_header)
         try:
             self.model_info = self.get_model_info()
         except BaseException:

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from radixlang.lang.routing import add_routing_header
+
 DEFAULT_TIMEOUT = 600.0  # seconds: a long generation on a busy server is not a failure
 
 
@@ -46,6 +48,9 @@ def make_client(
         # As many idle connections as a wide fork keeps busy, so branches reuse them.
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         transport=transport,
+        # A program's requests carry its routing key (lang/routing.py), so that a server with
+        # several replicas keeps them on one; servers without replicas ignore the header.
+        event_hooks={"request": [add_routing_header]},
     )
 
 

@@ -481,3 +481,21 @@ def test_chat_mode_gives_the_servers_chat_completion(server, local):
     streamed = chat.run(backend=backend, temperature=0, stream=True)
     assert "".join(streamed.text_iter("r")) == state["r"]
     assert streamed.get_meta_info("r")["completion_tokens"] == reference.usage.completion_tokens
+
+
+def test_the_openai_backend_sends_the_programs_routing_key_too():
+    """Every HTTP backend's client carries the running program's key (lang/routing.py)."""
+    from radixlang.lang.backends.http_client import make_client
+    from radixlang.lang.routing import routing_scope
+
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("x-routing-key"))
+        return httpx.Response(200, json={})
+
+    client = make_client("http://server", None, 5, httpx.MockTransport(handle))
+    client.get("/a")
+    with routing_scope("program-1"):
+        client.get("/b")
+    assert seen == [None, "program-1"]
