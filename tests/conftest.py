@@ -15,6 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Before ray is imported anywhere: keep every Ray socket on loopback, send no usage stats.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 
 # A tiny random-weight llama that speaks the default model's tokenizer and chat template, so
 # frontend and server tests exercise real tokenization and the engine in milliseconds per call.
@@ -23,3 +27,21 @@ def chat_model_dir(tmp_path_factory) -> Path:
     from radixlang.testing import write_tiny_chat_model
 
     return write_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
+
+
+# One Ray cluster for the session's scale-out tests (tests/cluster/, and `serve --ray-address`):
+# two nodes of one CPU each on loopback, made with ray.cluster_utils.Cluster (about 10 s).
+# Tests that use it are marked `ray` and skip where Ray is not installed.
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import logging
+
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'radixlang[ray]')")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()

@@ -217,3 +217,29 @@ def test_serve_with_two_replicas_on_a_local_ray(chat_model_dir):
             proc.communicate()
     assert proc.returncode == 0, err
     assert "2 replicas on a local Ray" in printed and "cache_aware routing" in printed
+
+
+@pytest.mark.ray
+def test_serve_joins_a_ray_cluster(ray_cluster, chat_model_dir):
+    """``--ray-address`` puts the replicas on an existing cluster (the session's two nodes):
+    one on each, and the cluster outlives the server."""
+    import ray
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
+           "--port", str(port), "--dtype", "float32", "--kv-memory", "16MiB",
+           "--replicas", "2", "--ray-address", ray_cluster.address]  # fmt: skip
+    proc = _start(cmd, url)
+    try:
+        body = {"text": "Hello there", "sampling_params": {"max_new_tokens": 4}}
+        assert httpx.post(url + "/generate", json=body, timeout=60).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        printed, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"2 replicas on {ray_cluster.address} (2 node(s)" in printed
+    assert ray.is_initialized() and len([n for n in ray.nodes() if n["Alive"]]) == 2
