@@ -28,27 +28,32 @@ def test_every_exported_name_resolves_to_its_module(package):
         _ = module.nothing_here
 
 
-def test_importing_the_runtime_package_loads_no_engine():
-    check = (
+# Python run in a fresh interpreter, each asserting what importing part of the package loads.
+IMPORT_CHECKS = {
+    # The runtime's public names resolve lazily: importing the package loads neither torch nor
+    # the engine.
+    "runtime_loads_no_engine": (
         "import sys\n"
         "import radixlang.runtime, radixlang.server\n"
         "assert 'torch' not in sys.modules, 'loaded torch'\n"
         "assert 'radixlang.runtime.engine' not in sys.modules, 'loaded the engine'\n"
         "from radixlang.runtime import Engine, GenerateRequest, SamplingParams\n"
         "assert Engine.__module__ == 'radixlang.runtime.engine'\n"
-    )
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-
-
-def test_a_single_server_and_the_router_import_no_ray():
-    """Ray is the replica set's alone (the ``ray`` extra)."""
-    check = (
+    ),
+    # Ray is the replica set's alone (the ``ray`` extra): a single server and the router
+    # never import it.
+    "single_server_imports_no_ray": (
         "import sys\n"
         "import radixlang.cli, radixlang.server.app, radixlang.runtime.engine\n"
         "import radixlang.cluster.router, radixlang.cluster.prefix_index\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
-    )
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMPORT_CHECKS))
+def test_imports_load_only_what_they_need(name):
+    check = IMPORT_CHECKS[name]
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

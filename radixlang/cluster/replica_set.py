@@ -107,7 +107,7 @@ class ReplicaSet:
         cpus_per_replica: int | None = None,
         max_restarts: int = -1,
         retries: int = 1,
-        balance_abs: int = 4,
+        balance_abs: int = 16,
         balance_rel: float = 1.5,
         **engine_kwargs: Any,
     ) -> None:

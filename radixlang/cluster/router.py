@@ -43,7 +43,7 @@ class Router:
         num_replicas: int,
         block_size: int,
         policy: str = "cache_aware",
-        balance_abs: int = 4,
+        balance_abs: int = 16,
         balance_rel: float = 1.5,
         max_keys: int = MAX_KEYS,
     ) -> None:

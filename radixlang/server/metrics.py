@@ -38,6 +38,7 @@ _ENGINE_METRICS = [
      "Tokens generated per second over the last seconds."),
 ]  # fmt: skip
 _REASONS = ("stop", "length", "abort", "error")
+_ROUTES = ("prefix", "key", "load", "round_robin")  # cluster/router.py Route.reason
 
 
 @dataclass
@@ -84,6 +85,25 @@ def render(stats: dict[str, float | int], http: HTTPCounters) -> str:
     for reason in _REASONS:
         count = stats.get(f"finished_{reason}", 0)
         out.append(_line("requests_finished_by_reason_total", count, f'{{reason="{reason}"}}'))
+    if "replicas" in stats:  # several engines behind a router (radixlang/cluster/)
+        out += _head("replicas_up", "gauge", "Replicas in rotation.")
+        out.append(_line("replicas_up", stats["replicas_up"]))
+        out += _head("routed_requests_total", "counter", "Requests routed, by the rule that chose.")
+        for reason in _ROUTES:
+            count = stats.get(f"routed_{reason}", 0)
+            out.append(_line("routed_requests_total", count, f'{{reason="{reason}"}}'))
+        out += _head(
+            "replica_failed_requests_total",
+            "counter",
+            "Requests failed because their replica died (retried ones not counted).",
+        )
+        out.append(_line("replica_failed_requests_total", stats["failed_requests"]))
+        out += _head(
+            "replica_retried_requests_total",
+            "counter",
+            "Requests sent again after their replica died before they streamed.",
+        )
+        out.append(_line("replica_retried_requests_total", stats["retried_requests"]))
     out += _head("http_requests_total", "counter", "HTTP requests answered, by route and status.")
     for (route, code), count in sorted(http.requests.items()):
         out.append(_line("http_requests_total", count, f'{{route="{route}",code="{code}"}}'))

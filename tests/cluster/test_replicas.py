@@ -16,18 +16,18 @@ import pytest
 pytestmark = pytest.mark.ray
 
 CLIENTS = 16
-TURNS = 4
+TURNS = 5
 VOCABULARY = (
     "river stone maple cloud lantern harbor orbit velvet copper meadow signal ember quartz "
     "willow canyon pixel falcon tundra saffron glacier"
 )
 WORDS = VOCABULARY.split()
-# Per replica: the 16 clients' prompts need about 560 blocks of 16 tokens in all.
-POOL_BLOCKS = 280
+# The 16 clients' prompts need about 650 blocks of 16 tokens in all; a replica holds 400.
+POOL_BLOCKS = 400
 GREEDY = {"max_tokens": 8, "temperature": 0}
 
 
-def document(i: int, words: int = 300) -> str:
+def document(i: int, words: int = 400) -> str:
     rng = random.Random(i)
     return f"Notes of client {i}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
@@ -83,13 +83,13 @@ def chat(url: str, i: int) -> list[str]:
 
 
 def forked(url: str, i: int) -> list[str]:
-    """A program that forks four branches off a long prefix and joins them (SGLang's API)."""
+    """A program that forks three branches off a long prefix and joins them (SGLang's API)."""
     import radixlang as sgl
 
     @sgl.function
     def ideas(s, i):
-        s += document(i) + "\nFour ideas follow.\n"
-        branches = s.fork(4)
+        s += document(i) + "\nThree ideas follow.\n"
+        branches = s.fork(3)
         for j, branch in enumerate(branches):
             branch += f"Idea {j}:" + sgl.gen("idea", max_tokens=8, temperature=0)
         s += "Best:" + sgl.gen("best", max_tokens=8, temperature=0)
@@ -142,6 +142,8 @@ def test_one_replica_per_node_behind_one_endpoint(replicas, endpoint):
         assert long_key.status_code == 400
         metrics = client.get("/metrics").text
     assert "radixlang_requests_finished_total" in metrics
+    assert "radixlang_replicas_up 2" in metrics
+    assert 'radixlang_routed_requests_total{reason="key"}' in metrics
 
 
 def test_chats_and_forks_match_one_engine_and_cache_aware_routing_computes_less(

@@ -190,25 +190,17 @@ def test_overload_is_refused_with_503_and_cors_is_answered(chat_model_dir):
         engine.shutdown(free_cache=True)
 
 
-@pytest.mark.ray
-def test_serve_with_two_replicas_on_a_local_ray(chat_model_dir):
-    """``radixlang serve --replicas 2`` starts a local Ray (loopback), serves through both
-    replicas and stops them on SIGINT, exiting 0."""
-    pytest.importorskip("ray")
+def _replicas_serve(model_dir, *flags: str, check) -> str:
+    """``radixlang serve --replicas 2 FLAGS`` until ``check(url)`` has run, then SIGINT: it must
+    exit 0. Returns what it printed."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
+    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(model_dir),
            "--port", str(port), "--dtype", "float32", "--kv-memory", "16MiB",
-           "--replicas", "2", "--cpus-per-replica", "1"]  # fmt: skip
+           "--replicas", "2", *flags]  # fmt: skip
     proc = _start(cmd, url)
     try:
-        prompts = [f"Item {i}: a distinct opening line" for i in range(6)]
-        body = {"text": prompts, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-        out = httpx.post(url + "/generate", json=body, timeout=60)
-        assert out.status_code == 200 and len(out.json()) == 6, out.text
-        stats = httpx.get(url + "/get_server_info", timeout=30).json()["stats"]
-        assert stats["replicas_up"] == 2 and stats["finished_requests"] >= 6
-        assert httpx.get(url + "/dashboard", timeout=5).status_code == 404  # one engine's page
+        check(url)
         proc.send_signal(signal.SIGINT)
         printed, err = proc.communicate(timeout=120)
     finally:
@@ -216,6 +208,25 @@ def test_serve_with_two_replicas_on_a_local_ray(chat_model_dir):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
+    return printed
+
+
+@pytest.mark.ray
+def test_serve_with_two_replicas_on_a_local_ray(chat_model_dir):
+    """``radixlang serve --replicas 2`` starts a local Ray (loopback), serves through both
+    replicas and stops them on SIGINT."""
+    pytest.importorskip("ray")
+
+    def check(url: str) -> None:
+        prompts = [f"Item {i}: a distinct opening line" for i in range(6)]
+        body = {"text": prompts, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        out = httpx.post(url + "/generate", json=body, timeout=60)
+        assert out.status_code == 200 and len(out.json()) == 6, out.text
+        stats = httpx.get(url + "/get_server_info", timeout=30).json()["stats"]
+        assert stats["replicas_up"] == 2 and stats["finished_requests"] >= 6
+        assert httpx.get(url + "/dashboard", timeout=5).status_code == 404  # one engine's page
+
+    printed = _replicas_serve(chat_model_dir, "--cpus-per-replica", "1", check=check)
     assert "2 replicas on a local Ray" in printed and "cache_aware routing" in printed
 
 
@@ -225,21 +236,10 @@ def test_serve_joins_a_ray_cluster(ray_cluster, chat_model_dir):
     one on each, and the cluster outlives the server."""
     import ray
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(chat_model_dir),
-           "--port", str(port), "--dtype", "float32", "--kv-memory", "16MiB",
-           "--replicas", "2", "--ray-address", ray_cluster.address]  # fmt: skip
-    proc = _start(cmd, url)
-    try:
+    def check(url: str) -> None:
         body = {"text": "Hello there", "sampling_params": {"max_new_tokens": 4}}
         assert httpx.post(url + "/generate", json=body, timeout=60).status_code == 200
-        proc.send_signal(signal.SIGINT)
-        printed, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+
+    printed = _replicas_serve(chat_model_dir, "--ray-address", ray_cluster.address, check=check)
     assert f"2 replicas on {ray_cluster.address} (2 node(s)" in printed
     assert ray.is_initialized() and len([n for n in ray.nodes() if n["Alive"]]) == 2
