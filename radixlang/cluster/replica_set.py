@@ -44,6 +44,7 @@ from radixlang.runtime.request import (
     GenerateRequest,
     GenerationResult,
     StreamEvent,
+    as_request,
 )
 
 log = logging.getLogger(__name__)
@@ -209,14 +210,7 @@ class ReplicaSet:
         """Route and queue a request (as ``Engine.submit``); a request the replica refuses
         raises its ``RequestError`` here. ``routing_key`` (else ``request.routing_key``): the
         requests of one program or chat, kept on one replica."""
-        if not isinstance(request, GenerateRequest):
-            is_text = isinstance(request, str)
-            request = GenerateRequest(
-                text=request if is_text else None,  # type: ignore[arg-type]
-                input_ids=None if is_text else request,  # type: ignore[arg-type]
-                sampling=sampling,
-                request_id=request_id,
-            )
+        request = as_request(request, sampling, request_id)
         rid = request.request_id or uuid.uuid4().hex
         salt = request.cache_salt if cache_salt is None else cache_salt
         key = routing_key if routing_key is not None else request.routing_key

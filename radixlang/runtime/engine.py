@@ -57,6 +57,7 @@ from radixlang.runtime.request import (
     Req,
     StreamEvent,
     TopLogprobs,
+    as_request,
 )
 from radixlang.runtime.sampling import SamplingParams, SamplingParamsError, SamplingRow, sample
 from radixlang.runtime.scheduler import Chunk, Scheduler
@@ -379,14 +380,7 @@ class Engine:
 
         ``cache_salt`` (else ``request.cache_salt``): the request reuses only prefixes cached
         by requests with the same salt."""
-        if not isinstance(request, GenerateRequest):
-            is_text = isinstance(request, str)
-            request = GenerateRequest(
-                text=request if is_text else None,
-                input_ids=None if is_text else request,
-                sampling=sampling,
-                request_id=request_id,
-            )
+        request = as_request(request, sampling, request_id)
         salt = request.cache_salt if cache_salt is None else cache_salt
         # (A server may put a tenant's name, at most as long, and a separator before it.)
         if not isinstance(salt, str) or len(salt) > 2 * MAX_CACHE_SALT_CHARS + 1:

@@ -54,6 +54,23 @@ class GenerateRequest:
     routing_key: str | None = None
 
 
+def as_request(
+    prompt: GenerateRequest | str | Sequence[int],
+    sampling: SamplingParams | dict | None = None,
+    request_id: str | None = None,
+) -> GenerateRequest:
+    """What ``submit`` takes: a request as is, or a prompt (text or token ids) made one."""
+    if isinstance(prompt, GenerateRequest):
+        return prompt
+    is_text = isinstance(prompt, str)
+    return GenerateRequest(
+        text=prompt if is_text else None,  # type: ignore[arg-type]
+        input_ids=None if is_text else prompt,  # type: ignore[arg-type]
+        sampling=sampling,
+        request_id=request_id,
+    )
+
+
 @dataclass
 class StreamEvent:
     """What one engine step produced for one request."""
