@@ -267,6 +267,12 @@ ENGINE_SETTINGS = (
     Setting("engine", "kv_events", BOOL, None,
             "announce the blocks the radix cache stores and removes (GET /kv_events), for "
             "routers"),
+    Setting("engine", "overlap", BOOL, None,
+            "overlapped scheduling: schedule the next decode step, and detokenize the last, "
+            "while a step runs (default: on for CUDA, off elsewhere; not with a host tier)"),
+    Setting("engine", "cuda_graphs", BOOL, None,
+            "replay decode steps as CUDA graphs, captured at start (default: on for CUDA "
+            "with the Triton kernels)"),
 )  # fmt: skip
 SERVER_SETTINGS = (
     Setting("server", "host", TEXT, "127.0.0.1", "address to listen on"),

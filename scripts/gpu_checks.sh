@@ -17,7 +17,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OF
 "triton", triton.__version__, "transformers", t.__version__, "cuda", torch.cuda.is_available())'
 timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest -q -m gpu -p no:cacheprovider \
     tests/kernels tests/runtime/test_model_parity.py tests/runtime/test_engine.py \
-    tests/runtime/test_sampling.py \
+    tests/runtime/test_sampling.py tests/runtime/test_cuda_graphs.py \
     2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 timeout 120 "$python" benchmarks/bench_decode_attention_gpu.py --out "$out" 2>&1 \

@@ -14,8 +14,10 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures
+import functools
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -47,6 +49,12 @@ from radixlang.runtime.host_tier import HostTier
 from radixlang.runtime.kv_events import KvEvent
 from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
+from radixlang.runtime.overlap import (
+    DeviceWorker,
+    InflightStep,
+    placeholder,
+    resolve_placeholders,
+)
 from radixlang.runtime.program_log import ProgramLog
 from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import (
@@ -59,7 +67,13 @@ from radixlang.runtime.request import (
     TopLogprobs,
     as_request,
 )
-from radixlang.runtime.sampling import SamplingParams, SamplingParamsError, SamplingRow, sample
+from radixlang.runtime.sampling import (
+    SamplingParams,
+    SamplingParamsError,
+    SamplingRow,
+    all_plain_greedy,
+    sample,
+)
 from radixlang.runtime.scheduler import Chunk, Scheduler
 
 log = logging.getLogger(__name__)
@@ -70,6 +84,10 @@ THROUGHPUT_WINDOW_S = 10.0
 # llguidance compiles the grammars people write in milliseconds; one that takes seconds is
 # pathological (or hostile), and its request is refused.
 DEFAULT_COMPILE_TIMEOUT_S = 5.0
+# With overlap the device thread takes the GIL back after each op it runs without it; at
+# CPython's default switch interval (5 ms) it waited up to that long whenever the engine
+# thread was running Python, which undid the overlap (benchmarks/bench_host_overhead.py).
+OVERLAP_SWITCH_INTERVAL_S = 0.0002
 
 Prompt = str | Sequence[int]
 
@@ -173,6 +191,14 @@ class Engine:
     ``kv_events`` makes the radix cache announce the blocks it stores and removes
     (``runtime/kv_events.py``; read them with :meth:`kv_events_since`): what a router in
     front of several engines follows to send each request where its prefix is cached.
+
+    ``overlap`` (default: on for CUDA, off elsewhere) runs the forward passes and sampling on a
+    device thread and schedules the next decode step, and detokenizes the last one, while a
+    step runs (``runtime/overlap.py``). Steps with a prefill chunk, and every step while a
+    request needs its tokens at once (a constraint, beam search, penalties, prompt logprobs,
+    token healing, a prefill-only request), run one at a time as without it. Not with a host
+    tier. ``cuda_graphs`` (default: on for CUDA with the Triton kernels) captures the decode
+    forward for a range of batch sizes at start and replays it (``runtime/cuda_graphs.py``).
     """
 
     def __init__(
@@ -203,6 +229,8 @@ class Engine:
         preemption: str | None = None,
         grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
         kv_events: bool = False,
+        overlap: bool | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if max_context is not None and (
             not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
@@ -223,12 +251,24 @@ class Engine:
         model = model if model is not None else model_path
         model = DEFAULT_MODEL if model is None else model
         self.threads = _check_threads(threads)
+        self.overlap = _choose_overlap(overlap, device, host_tier_memory)
+        # Overlap: the device thread runs the model (and loads it: see boot() below); the steps
+        # it has not answered yet, at most one at a time (see _overlap_step).
+        self._device = DeviceWorker() if self.overlap else None
+        if self.overlap:  # process-wide; only ever lowered
+            sys.setswitchinterval(min(sys.getswitchinterval(), OVERLAP_SWITCH_INTERVAL_S))
+        self._inflight: InflightStep | None = None
+        self._processing = False
+        # Requests whose next token the engine must see before it schedules again: while any
+        # is present, steps do not overlap.
+        self._sync_rids: set[str] = set()
         self.check_integrity_every_step = check_integrity_every_step
         # Jump-forward decoding: text a request's grammar forces is appended at once and
         # computed in the next step's extend, instead of one decode step per token.
         self.jump_forward = jump_forward
         self._jump_forward_tokens = 0
         self._jump_forward_jumps = 0
+        self._overlapped_steps = 0
         self._generator = torch.Generator().manual_seed(seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
@@ -265,7 +305,10 @@ class Engine:
                 kv_budget_bytes=parse_memory(kv_memory),
                 kv_dtype=kv_dtype,
                 quantization=quantization,
+                cuda_graphs=cuda_graphs,
             )
+            if self.runner.cuda_graphs:  # now, not at the first decode step (seconds)
+                self.runner.capture_cuda_graphs()
             cap, model_context = self._max_context_cap, self.runner.max_context
             if cap is not None and cap > model_context:
                 raise ValueError(
@@ -274,9 +317,7 @@ class Engine:
             self.files = self.runner.files
             self.tokenizer = _load_tokenizer(self.files)
             self.eos_token_ids = self._eos_token_ids()
-            self.pool = BlockPool(
-                self.runner.num_blocks, block_size, copy_hook=self.runner.copy_block
-            )
+            self.pool = BlockPool(self.runner.num_blocks, block_size, copy_hook=self._copy_block)
             tier_bytes = parse_memory(host_tier_memory)
             self.host_tier = (
                 HostTier.from_budget(self.runner.kv, tier_bytes, self.cache_dir)
@@ -305,6 +346,8 @@ class Engine:
             if self.cache_dir is not None:
                 self._load_saved_cache()
 
+        if self._device is not None:  # the model's thread team belongs to the device thread
+            build = functools.partial(self._device.run, build)
         if not background:
             build()
             return
@@ -457,7 +500,7 @@ class Engine:
         params = sampling if isinstance(sampling, list | tuple) else [sampling] * len(batch)
         if len(params) != len(batch):
             raise RequestError(f"{len(batch)} prompts but {len(params)} sampling parameter sets")
-        if self._thread is threading.current_thread():
+        if self._thread is not None and self._on_engine_thread():
             raise RuntimeError(
                 "generate() waits for the engine thread and cannot run on it (from on_event): "
                 "use submit() there"
@@ -500,7 +543,7 @@ class Engine:
                 return True
             thread = self._thread
             remaining = None if deadline is None else deadline - time.monotonic()
-            cannot_wait = threading.current_thread() is thread or (
+            cannot_wait = (thread is not None and self._on_engine_thread()) or (
                 thread is not None and not thread.is_alive()
             )
             if cannot_wait or (remaining is not None and remaining <= 0):
@@ -540,10 +583,11 @@ class Engine:
         abort, error), ``prompt_tokens`` (of admitted requests), ``prompt_tokens_reused`` (from
         the cache), ``prompt_tokens_computed``, ``recomputed_tokens`` (again after a
         retraction), ``retractions``, ``evicted_blocks``, ``jump_forward_tokens``,
-        ``jump_forward_jumps``; and figures derived from them: ``cache_hit_rate`` (reused /
-        prompt tokens), ``busy_tokens_per_second`` (generated tokens / time spent in steps),
-        and ``grammar_mask_steps`` with the p50/p99 ``grammar_mask_ms_*`` and
-        ``grammar_mask_wait_ms_*`` (over the last 2048 steps with constrained rows).
+        ``jump_forward_jumps``, ``overlapped_steps``; and figures derived from them:
+        ``cache_hit_rate`` (reused / prompt tokens), ``busy_tokens_per_second`` (generated
+        tokens / time spent in steps), and ``grammar_mask_steps`` with the p50/p99
+        ``grammar_mask_ms_*`` and ``grammar_mask_wait_ms_*`` (over the last 2048 steps with
+        constrained rows).
         ``cpu_threads`` is the forward passes' thread count now; with adaptive threads
         ``cpu_thread_changes`` counts its changes and ``other_cores_busy`` is what other
         processes used at the last look.
@@ -571,6 +615,7 @@ class Engine:
         self._busy_seconds = 0.0
         self._jump_forward_tokens = 0
         self._jump_forward_jumps = 0
+        self._overlapped_steps = 0
         self._masks.reset()
 
     def _stats(self) -> dict[str, float | int]:
@@ -591,6 +636,8 @@ class Engine:
         # pass that request did not need), and how many jumps carried them.
         s["jump_forward_tokens"] = self._jump_forward_tokens
         s["jump_forward_jumps"] = self._jump_forward_jumps
+        # Overlapped scheduling: steps submitted without waiting for the one before.
+        s["overlapped_steps"] = self._overlapped_steps
         # Grammar masks: time to fill a step's masks, and how long the step waited for them
         # after its forward (less than the fill time when they were filled beside it).
         s.update(self._masks.percentiles_ms())
@@ -695,13 +742,15 @@ class Engine:
             self._closed = True
         _live_engines.discard(self)
         self._wake.set()
-        if self._thread is threading.current_thread():
+        if self._thread is not None and self._on_engine_thread():
             return  # called from a callback: the loop ends after this step
         if closing and self._thread is not None:
             self._thread.join()
         elif closing:
             self._abort_all()
         self._masks.close()
+        if self._device is not None:
+            self._device.close()
         if closing and self.cache_dir is not None:
             try:
                 self._save_cache()
@@ -724,35 +773,185 @@ class Engine:
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> bool:
-        """Run one scheduling step and forward pass; False when there was nothing to do."""
+        """Run one scheduling step and forward pass; False when there was nothing to do.
+
+        With ``overlap`` the step's forward is submitted, not waited for: the tokens it
+        samples come out in the next step (or whenever the engine next needs them)."""
         self._drain_inbox()
         if self._governor is not None:
-            self._governor.update()
+            if self._device is not None:
+                self._device.submit(self._governor.update)  # the device thread's team
+            else:
+                self._governor.update()
         started = time.perf_counter()
+        if self._device is not None and (self._sync_rids or self._inflight is None):
+            # Nothing to overlap with, or a request that needs each token before the next
+            # schedule: the previous step's tokens first.
+            new_tokens = self._fence()
+            if not self.scheduler.has_work():
+                self._account(started, new_tokens)
+                return bool(new_tokens)
+        else:
+            new_tokens = 0
         schedule = self.scheduler.schedule()
         for req in schedule.finished:
             self._complete(req)
-        if not schedule.chunks:
-            return bool(schedule.finished)
-        try:
-            new_tokens = self._run(schedule.chunks)
-        except Exception as e:  # fail this batch's requests; keep serving the others
-            log.exception("engine step failed")
-            for chunk in schedule.chunks:
-                if chunk.req.finish_reason is None:
-                    chunk.req.error = f"{type(e).__name__}: {e}"
-                    self.scheduler.finish(chunk.req, FinishReason.ERROR, cache_kv=False)
-                    self._complete(chunk.req)
-            new_tokens = 0
+        chunks = schedule.chunks
+        if not chunks:
+            new_tokens += self._fence()
+            self._account(started, new_tokens)
+            return bool(schedule.finished or new_tokens)
+        if self._device is None:
+            new_tokens += self._run_batch(chunks)
+        elif not self._sync_rids and all(_plain_decode(c) for c in chunks):
+            launched = self._launch(chunks)
+            previous, self._inflight = self._inflight, launched
+            if previous is not None:
+                new_tokens += self._process(previous)
+        else:  # a prefill chunk: its tokens may be needed at once (prompt logprobs, ...)
+            new_tokens += self._fence()
+            chunks = [c for c in chunks if c.req.finish_reason is None]
+            if chunks:
+                new_tokens += self._device.run(functools.partial(self._run_batch, chunks))
+        self._account(started, new_tokens)
+        if self.check_integrity_every_step:
+            self.scheduler.check_integrity()
+        return True
+
+    def _account(self, started: float, new_tokens: int) -> None:
         now = time.perf_counter()
         self._busy_seconds += now - started
         self._generated_tokens += new_tokens
         self._recent.append((started, now, new_tokens))
         while self._recent and now - self._recent[0][1] > THROUGHPUT_WINDOW_S:
             self._recent.popleft()
-        if self.check_integrity_every_step:
-            self.scheduler.check_integrity()
-        return True
+
+    def _run_batch(self, chunks: list[Chunk]) -> int:
+        """Compute and sample ``chunks`` now; a failure fails their requests, not the engine."""
+        try:
+            return self._run(chunks)
+        except Exception as e:  # fail this batch's requests; keep serving the others
+            log.exception("engine step failed")
+            self._fail_chunks(chunks, e)
+            return 0
+
+    def _fail_chunks(self, chunks: list[Chunk], error: BaseException) -> None:
+        for chunk in chunks:
+            if chunk.req.finish_reason is None:
+                chunk.req.error = f"{type(error).__name__}: {error}"
+                self.scheduler.finish(chunk.req, FinishReason.ERROR, cache_kv=False)
+                self._complete(chunk.req)
+
+    # ---- overlap (runtime/overlap.py) --------------------------------------------------------
+    def _copy_block(self, src: int, dst: int, num_slots: int) -> None:
+        """The pool's copy-on-write: with overlap, queued behind the steps already submitted
+        (``dst`` may be a block a running step still writes, freed by a request that stopped)."""
+        if self._device is None:
+            self.runner.copy_block(src, dst, num_slots)
+        else:
+            self._device.submit(functools.partial(self.runner.copy_block, src, dst, num_slots))
+
+    def _launch(self, chunks: list[Chunk]) -> InflightStep | None:
+        """Submit a step of plain decodes, its batch packed here (a stand-in token where the
+        input is still being sampled); every request sampled in it gets a placeholder for its
+        token (see runtime/overlap.py). None if the batch failed its checks (its requests
+        failed, as a failing step's)."""
+        seqs: list[SequenceInput] = []
+        pending_rows: list[int] = []
+        pending: list[int] = []
+        for i, chunk in enumerate(chunks):
+            req = chunk.req
+            token = req.tokens[chunk.start]
+            if token < 0:
+                pending_rows.append(i)
+                pending.append(token)
+                token = 0
+            seqs.append(SequenceInput([token], chunk.start, req.blocks))
+        try:
+            prepared = self.runner.prepare_decode(seqs)
+        except Exception as e:
+            log.exception("engine step failed")
+            self._fail_chunks(chunks, e)
+            return None
+        commit = self.scheduler.commit
+        rows: list[int] = []
+        sampling_rows: list[SamplingRow] = []
+        sampled: list[Req] = []
+        positions: list[int] = []
+        for i, chunk in enumerate(chunks):
+            req = chunk.req
+            commit(chunk)
+            if req.num_output >= req.max_new_tokens:
+                continue
+            params = req.params
+            if req.stop_ids and req.num_output < params.min_new_tokens:
+                # The row's output is read (its length) on the device thread: a snapshot.
+                row = SamplingRow(
+                    params, req.prompt_ids, req.output_ids, req.stop_ids, req.generator
+                )
+            else:
+                row = self._sampling_row(req)
+            rows.append(i)
+            sampling_rows.append(row)
+            positions.append(len(req.tokens))
+            req.tokens.append(placeholder(len(sampled)))
+            sampled.append(req)
+        device, runner = self._device, self.runner
+        assert device is not None
+        plain_greedy = all_plain_greedy(sampling_rows)  # here, not on the device thread
+
+        def run() -> Any:
+            try:
+                ids = resolve_placeholders(pending, device.last_tokens)
+                if ids:
+                    runner.set_input_ids(prepared, pending_rows, ids)
+                logits = runner.run_decode(prepared).logits
+                if len(rows) != logits.shape[0]:
+                    logits = logits[torch.tensor(rows, device=logits.device)]
+                picks = sample(logits, sampling_rows, self._generator, plain_greedy=plain_greedy)
+            except BaseException:
+                device.last_tokens = None  # the next step's placeholders have no tokens
+                raise
+            device.last_tokens = picks.token_ids
+            return picks
+
+        self._overlapped_steps += 1
+        return InflightStep(device.submit(run), chunks, sampled, positions)
+
+    def _process(self, step: InflightStep) -> int:
+        """Take a submitted step's tokens: write them over their placeholders, detokenize,
+        stream and stop. A request that stopped meanwhile drops its token."""
+        self._processing = True
+        try:
+            try:
+                picks = step.future.result()
+            except Exception as e:
+                log.exception("engine step failed")
+                self._fail_chunks(step.chunks, e)
+                return 0
+            appended = 0
+            token_ids, logprobs, top = picks.token_ids, picks.logprobs, picks.top_logprobs
+            accept = self._accept_token
+            for row, req in enumerate(step.sampled):
+                if req.finish_reason is not None:
+                    continue  # it stopped (or was aborted) before this token came back
+                token, position = token_ids[row], step.positions[row]
+                req.tokens[position] = token
+                accept(req, token, logprobs[row], top[row], position)
+                appended += 1
+            return appended
+        finally:
+            self._processing = False
+
+    def _fence(self) -> int:
+        """Wait for the submitted step, if any, and take its tokens: afterwards no request
+        holds a placeholder. (Not from inside another step's processing, e.g. a callback's
+        call: that would take the newer step's tokens before the older step's last ones.)"""
+        step = self._inflight
+        if step is None or self._processing:
+            return 0
+        self._inflight = None
+        return self._process(step)
 
     def _run(self, chunks: list[Chunk]) -> int:
         seqs = []
@@ -1023,8 +1222,22 @@ class Engine:
         constraint = req.constraint
         if constraint is not None and self._ends_before(req, token):
             return
+        req.tokens.append(token)
+        self._accept_token(req, token, logprob, top)
+
+    def _accept_token(
+        self,
+        req: Req,
+        token: int,
+        logprob: float | None,
+        top: TopLogprobs | None,
+        position: int | None = None,
+    ) -> None:
+        """``token``, now the last real one of ``req.tokens`` (at ``position``; placeholders
+        may follow it), as output: logprobs, constraint, text, stops, the stream event, and the
+        end of the request when it ends here."""
+        constraint = req.constraint
         tokens = req.tokens
-        tokens.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         params = req.params
@@ -1043,7 +1256,7 @@ class Engine:
         rid = req.rid
         detok = self._detokenizers.get(rid)
         reason = None
-        num_output = len(tokens) - len(req.prompt_ids)
+        num_output = (len(tokens) if position is None else position + 1) - len(req.prompt_ids)
         if token in req.stop_ids and not constraint_failed:
             reason, req.matched_stop = FinishReason.STOP, token
             text = detok.flush() if detok else ""
@@ -1079,6 +1292,8 @@ class Engine:
                 )
             )
         if reason is not None:
+            if tokens[-1] < 0:  # overlap: the next step's placeholder, and its computed slot
+                _drop_placeholders(req)
             self.scheduler.finish(req, reason)
             self._complete(req)
 
@@ -1120,6 +1335,9 @@ class Engine:
 
     def _complete(self, req: Req) -> None:
         """Hand a finished request its result and forget it."""
+        if req.tokens and req.tokens[-1] < 0:  # ended by the scheduler or a failure: see
+            _drop_placeholders(req)  # _accept_token for a request that ends on its own token
+        self._sync_rids.discard(req.rid)
         if req.beam is not None:  # any beam's end ends its group: answer the request once
             root = req.beam.end(req, self.scheduler)
             if root is None:
@@ -1169,7 +1387,7 @@ class Engine:
             self._drain_inbox()
             if self._closed:
                 break
-            if self.scheduler.has_work():
+            if self.scheduler.has_work() or self._inflight is not None:
                 try:
                     self.step()
                 except Exception as e:  # a fault outside any one request's model run
@@ -1189,8 +1407,12 @@ class Engine:
                 self._reqs[req.rid] = req
                 if detokenizer is not None:
                     self._detokenizers[req.rid] = detokenizer
+                if self._device is not None and _needs_each_token(req):
+                    self._sync_rids.add(req.rid)
                 self.scheduler.add(req)
-            elif kind == "abort":
+                continue
+            self._fence()  # aborts and calls see every request between steps, as without overlap
+            if kind == "abort":
                 req = self._reqs.get(item)
                 if req is not None and req.finish_reason is None:
                     self.scheduler.finish(req, FinishReason.ABORT)
@@ -1203,9 +1425,16 @@ class Engine:
                     except BaseException as e:
                         future.set_exception(e)
 
+    def _on_engine_thread(self) -> bool:
+        """On the engine thread, or on the device thread running a step for it (a callback)."""
+        current = threading.current_thread()
+        return current is self._thread or (
+            self._device is not None and current is self._device.thread
+        )
+
     def _call(self, fn: Callable[[], T]) -> T:
         thread = self._thread
-        if thread is None or threading.current_thread() is thread or not thread.is_alive():
+        if thread is None or self._on_engine_thread() or not thread.is_alive():
             self._drain_inbox()
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -1230,6 +1459,7 @@ class Engine:
 
     def _abort_all(self) -> None:
         self._drain_inbox()
+        self._fence()
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(req, FinishReason.ABORT)
             self._complete(req)
@@ -1350,6 +1580,53 @@ class Engine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)
+
+
+def _choose_overlap(
+    overlap: bool | None, device: str | torch.device, host_tier_memory: int | str | None
+) -> bool:
+    if overlap is not None and not isinstance(overlap, bool):
+        raise ValueError(f"overlap must be True, False or None, got {overlap!r}")
+    tier = bool(parse_memory(host_tier_memory))
+    if overlap and tier:
+        raise ValueError(
+            "overlap does not run with a host tier: moving KV between tiers waits for each step"
+        )
+    if overlap is None:
+        return torch.device(device).type == "cuda" and not tier
+    return overlap
+
+
+def _needs_each_token(req: Req) -> bool:
+    """Whether ``req``'s next step depends on its last token's value (so steps cannot
+    overlap while it runs): a constraint's mask, beams, penalties over the output, prompt
+    logprobs, token healing's first mask; or it samples nothing (a prefill-only request)."""
+    p = req.params
+    return (
+        req.constraint is not None
+        or req.beam is not None
+        or req.first_token_mask is not None
+        or req.wants_prompt_logprobs
+        or req.max_new_tokens <= 0
+        or p.repetition_penalty != 1.0
+        or p.frequency_penalty != 0.0
+        or p.presence_penalty != 0.0
+    )
+
+
+def _plain_decode(chunk: Chunk) -> bool:
+    """One token after the prompt: a step of these can be submitted without waiting."""
+    return chunk.end - chunk.start == 1 and chunk.start >= len(chunk.req.prompt_ids)
+
+
+def _drop_placeholders(req: Req) -> None:
+    """A request ending with tokens still being sampled: drop their placeholders, and count as
+    computed only what a step not overlapped would have (the KV of its last real token is
+    still being written)."""
+    tokens = req.tokens
+    while tokens and tokens[-1] < 0:
+        tokens.pop()
+    req.num_computed = min(req.num_computed, max(0, len(tokens) - 1))
 
 
 def _check_threads(threads: int | None) -> int | None:

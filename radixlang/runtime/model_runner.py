@@ -19,6 +19,7 @@ import torch
 from radixlang import kernels
 from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
 from radixlang.runtime.block_pool import RELEASED, blocks_for, dead_blocks
+from radixlang.runtime.cuda_graphs import DEFAULT_MAX_BATCH, DecodeGraphRunner, capture_sizes
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, default_kv_budget
 from radixlang.runtime.models.llama import LlamaForCausalLM
@@ -45,7 +46,10 @@ class SequenceInput:
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [seqs, vocab] float32: next-token logits after each sequence
+    # [seqs, vocab] float32: next-token logits after each sequence. From a CUDA graph replay
+    # (see ``ModelRunner``) a view of the graphs' output buffer, which the next forward
+    # overwrites: read (or clone) it before then.
+    logits: torch.Tensor
     # Per sequence (None unless requested): [len(tokens) - 1] float32, entry i the
     # log-probability of tokens[i + 1] given everything before it. To score tokens[0] too,
     # compute one more token (shorten the cached prefix by one).
@@ -64,7 +68,14 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 class ModelRunner:
-    """Owns the native model and its KV storage; runs packed batches."""
+    """Owns the native model and its KV storage; runs packed batches.
+
+    On a CUDA device (with the Triton kernels) a batch of one-token decodes without logprobs
+    replays a captured CUDA graph (``cuda_graphs.py``), padded up to the next captured batch
+    size; every other batch runs eagerly. ``cuda_graphs`` None turns that on exactly there;
+    ``cuda_graph_max_batch`` is the largest batch captured. The graphs are captured at the
+    first such batch, or up front by :meth:`capture_cuda_graphs`.
+    """
 
     def __init__(
         self,
@@ -76,10 +87,18 @@ class ModelRunner:
         kv_budget_bytes: int | None = None,
         kv_dtype: str | torch.dtype | None = None,
         quantization: str = "none",
+        cuda_graphs: bool | None = None,
+        cuda_graph_max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self.files = model if isinstance(model, ModelFiles) else load_model_files(model)
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
+        if cuda_graphs and self.device.type != "cuda":  # said before the weights load
+            raise ValueError(
+                f"cuda_graphs=True needs a CUDA device; this runner is on {self.device}"
+            )
+        if cuda_graph_max_batch < 1:
+            raise ValueError(f"cuda_graph_max_batch must be >= 1; got {cuda_graph_max_batch}")
         self.model = LlamaForCausalLM.from_folder(
             self.files.path,
             dtype=self.dtype,
@@ -102,6 +121,17 @@ class ModelRunner:
                 kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(self.device)
             )
             self.kv = KVCache.from_budget(shape, budget, block_size, cache_dtype, self.device)
+        # Graphs need the Triton kernels: the torch path's decode plan reads the batch's longest
+        # sequence back to the host, which a capture forbids.
+        triton = self.device.type == "cuda" and kernels.use_triton(self.model.embed)
+        if cuda_graphs and not triton:
+            raise ValueError(
+                f"cuda_graphs=True needs the Triton kernels; RADIXLANG_KERNELS is "
+                f"{kernels.kernel_mode()!r}"
+            )
+        self.cuda_graphs = triton if cuda_graphs is None else cuda_graphs
+        self.cuda_graph_max_batch = cuda_graph_max_batch
+        self._graphs: DecodeGraphRunner | None = None
 
     @property
     def block_size(self) -> int:
@@ -141,12 +171,29 @@ class ModelRunner:
             "max_context": arch.max_context,
             "sliding_window": arch.sliding_window,
             "kv_cache": self.kv.describe(),
+            "cuda_graphs": self.cuda_graphs,
+            # Empty until captured (at the first decode-only batch).
+            "cuda_graph_sizes": [] if self._graphs is None else list(self._graphs.sizes),
         }
+
+    def capture_cuda_graphs(self) -> DecodeGraphRunner:
+        """Capture the decode graphs now, if not yet done (otherwise the first decode-only
+        forward captures them): seconds for a large model, better spent at start-up."""
+        if not self.cuda_graphs:
+            raise ValueError("CUDA graphs are off for this runner")
+        if self._graphs is None:
+            sizes = capture_sizes(self.cuda_graph_max_batch)
+            self._graphs = DecodeGraphRunner.capture(self.model, self.kv, sizes)
+        return self._graphs
 
     def forward(self, seqs: Sequence[SequenceInput]) -> ForwardOutput:
         """Compute the sequences' tokens in one packed pass and store their K/V."""
         if not seqs:
             raise BatchError("a forward pass needs at least one sequence")
+        if self.cuda_graphs:  # off on CPUs: nothing more per step there
+            replayed = self._replay(seqs)
+            if replayed is not None:
+                return replayed
         # Extends first, then decodes: attention runs each group with its own kernel.
         decodes = [len(seq.tokens) == 1 for seq in seqs]
         if all(decodes) or not any(decodes):
@@ -188,6 +235,27 @@ class ModelRunner:
                     top[index] = (values, ids)
         return ForwardOutput(last, logprobs, top)
 
+    def _replay(self, seqs: Sequence[SequenceInput]) -> ForwardOutput | None:
+        """The batch run as a CUDA graph replay; None where it must run eagerly (not all
+        one-token decodes without logprobs, too many, a table wider than the graphs', kernels
+        switched away from Triton, or a malformed sequence, which the eager path reports)."""
+        n = len(seqs)
+        if n > self.cuda_graph_max_batch:
+            return None
+        if any(len(seq.tokens) != 1 or seq.return_logprobs for seq in seqs):
+            return None
+        if not kernels.use_triton(self.model.embed):
+            return None
+        graphs = self._graphs or self.capture_cuda_graphs()
+        # A decode row's table holds prefix_len // block_size + 1 blocks (see _decode_lists).
+        width = max(seq.prefix_len for seq in seqs) // self.block_size + 1
+        if not graphs.fits(n, width):
+            return None
+        built = self._build_batch(seqs, [])  # no logit rows: the graphs have their own
+        if built is None:
+            return None
+        return ForwardOutput(graphs.run(built[0]), [None] * n, [None] * n)
+
     def _check(self, seq: SequenceInput) -> None:
         n = len(seq.tokens)
         total = seq.prefix_len + n
@@ -223,7 +291,12 @@ class ModelRunner:
         self, seqs: Sequence[SequenceInput], logit_rows: list[int]
     ) -> tuple[ForwardBatch, torch.Tensor] | None:
         """The packed batch and ``logit_rows`` as a tensor on the device; None when a sequence
-        fails the checks of :meth:`_check` (which then says which and why).
+        fails the checks of :meth:`_check` (which then says which and why)."""
+        host = self._pack_batch(seqs, logit_rows)
+        return None if host is None else host.to_device(self.device)
+
+    def _pack_batch(self, seqs: Sequence[SequenceInput], logit_rows: list[int]) -> HostBatch | None:
+        """The host half of :meth:`_build_batch`: the batch packed on the host, checked.
 
         Built as Python lists (per block, not per token, for the slots) and turned into two
         host tensors, one int64 and one int32, each moved to the device in one copy; the
@@ -252,23 +325,56 @@ class ModelRunner:
         num_extend_seqs = sum(1 for n in extend_lens if n > 1)
         longs, long_at = _pack([input_ids, positions, slots, logit_rows], _host_longs)
         ints, int_at = _pack([prefix_lens, extend_lens, seq_lens, tables], _host_ints)
-        device = self.device
-        longs, ints = longs.to(device), ints.to(device)
-        num_seqs, num_tokens = len(seqs), len(input_ids)
-        batch = ForwardBatch(
-            input_ids=longs[long_at[0] : long_at[0] + num_tokens],
-            positions=longs[long_at[1] : long_at[1] + num_tokens],
-            slot_mapping=longs[long_at[2] : long_at[2] + num_tokens],
-            block_tables=ints[int_at[3] : int_at[3] + num_seqs * width].view(num_seqs, width),
-            prefix_lens=ints[int_at[0] : int_at[0] + num_seqs],
-            extend_lens=ints[int_at[1] : int_at[1] + num_seqs],
-            seq_lens=ints[int_at[2] : int_at[2] + num_seqs],
-            num_extend_seqs=num_extend_seqs,
-            num_extend_tokens=sum(extend_lens[:num_extend_seqs]),
-            host_prefix_lens=prefix_lens,
-            host_extend_lens=extend_lens,
+        return HostBatch(
+            longs,
+            long_at,
+            ints,
+            int_at,
+            len(seqs),
+            len(input_ids),
+            width,
+            len(logit_rows),
+            num_extend_seqs,
+            sum(extend_lens[:num_extend_seqs]),
+            prefix_lens,
+            extend_lens,
         )
-        return batch, longs[long_at[3] : long_at[3] + len(logit_rows)]
+
+    # ---- a decode step in two halves (overlapped scheduling: runtime/overlap.py) --------------
+    def prepare_decode(self, seqs: Sequence[SequenceInput]) -> PreparedDecode:
+        """The host half of :meth:`forward` for one-token decodes without logprobs: checks and
+        packing, on the calling thread. :meth:`set_input_ids` may change the tokens after it
+        (the placeholders of overlapped scheduling); :meth:`run_decode` is the device half."""
+        if not seqs or any(len(seq.tokens) != 1 or seq.return_logprobs for seq in seqs):
+            raise BatchError("prepare_decode takes one-token decodes without logprobs")
+        host = self._pack_batch(seqs, list(range(len(seqs))))
+        if host is None:  # a malformed sequence: its error, in the given order
+            for seq in seqs:
+                self._check(seq)
+            raise AssertionError("the batch failed its checks, but no sequence did")
+        return PreparedDecode(host)
+
+    def set_input_ids(self, prepared: PreparedDecode, rows: list[int], ids: list[int]) -> None:
+        """Put token ``ids[i]`` in as the input of decode ``rows[i]`` (before the run)."""
+        vocab = self.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise BatchError(f"token ids must lie in [0, {vocab})")
+        values = prepared.host.longs.numpy()
+        base = prepared.host.long_at[0]
+        for row, token in zip(rows, ids, strict=True):
+            values[base + row] = token
+
+    def run_decode(self, prepared: PreparedDecode) -> ForwardOutput:
+        """The device half: the prepared decodes' logits, a row per sequence, in order."""
+        host = prepared.host
+        n = host.num_seqs
+        if self.cuda_graphs and n <= self.cuda_graph_max_batch:
+            graphs = self._graphs or self.capture_cuda_graphs()
+            if kernels.use_triton(self.model.embed) and graphs.fits(n, host.width):
+                batch, _ = host.to_device(self.device)
+                return ForwardOutput(graphs.run(batch), [None] * n, [None] * n)
+        batch, logit_rows = host.to_device(self.device)
+        return ForwardOutput(self.model.forward(batch, self.kv, logit_rows), [None] * n, [None] * n)
 
     def _fill_released(self, seqs: Sequence[SequenceInput], width: int, tables: list[int]) -> bool:
         """Point released entries of the packed ``tables`` at block 0, which the kernels never
@@ -347,6 +453,54 @@ class ModelRunner:
                 slots += range(base + pos, base + stop)
                 pos = stop
         return prefix_lens, extend_lens, seq_lens, counts, input_ids, positions, slots
+
+
+@dataclass
+class HostBatch:
+    """A packed batch on the host: every int64 input in one tensor, every int32 one in another
+    (each part starting where ``long_at``/``int_at`` say), ready for one copy each."""
+
+    longs: torch.Tensor  # input ids, positions, slots, logit rows
+    long_at: list[int]
+    ints: torch.Tensor  # prefix, extend and sequence lengths, block tables
+    int_at: list[int]
+    num_seqs: int
+    num_tokens: int
+    width: int  # block-table columns
+    num_logit_rows: int
+    num_extend_seqs: int
+    num_extend_tokens: int
+    prefix_lens: list[int]
+    extend_lens: list[int]
+
+    def to_device(self, device: torch.device) -> tuple[ForwardBatch, torch.Tensor]:
+        """The batch on ``device`` (views of two copies), and its logit rows."""
+        longs, ints = self.longs.to(device), self.ints.to(device)
+        long_at, int_at = self.long_at, self.int_at
+        num_seqs, num_tokens = self.num_seqs, self.num_tokens
+        batch = ForwardBatch(
+            input_ids=longs[long_at[0] : long_at[0] + num_tokens],
+            positions=longs[long_at[1] : long_at[1] + num_tokens],
+            slot_mapping=longs[long_at[2] : long_at[2] + num_tokens],
+            block_tables=ints[int_at[3] : int_at[3] + num_seqs * self.width].view(
+                num_seqs, self.width
+            ),
+            prefix_lens=ints[int_at[0] : int_at[0] + num_seqs],
+            extend_lens=ints[int_at[1] : int_at[1] + num_seqs],
+            seq_lens=ints[int_at[2] : int_at[2] + num_seqs],
+            num_extend_seqs=self.num_extend_seqs,
+            num_extend_tokens=self.num_extend_tokens,
+            host_prefix_lens=self.prefix_lens,
+            host_extend_lens=self.extend_lens,
+        )
+        return batch, longs[long_at[3] : long_at[3] + self.num_logit_rows]
+
+
+@dataclass
+class PreparedDecode:
+    """A decode step's batch, packed on the host by :meth:`ModelRunner.prepare_decode`."""
+
+    host: HostBatch
 
 
 # Per sequence: prefix, extend and sequence lengths, block counts; per token: input ids,

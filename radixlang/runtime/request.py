@@ -261,6 +261,14 @@ class Req:
         return self.next_prompt_logprob >= 0
 
     @property
+    def awaits_last_token(self) -> bool:
+        """Overlapped scheduling: its last output token is still being sampled (a placeholder,
+        see runtime/overlap.py), so it has nothing left to compute."""
+        return (
+            self.tokens[-1] < 0 and len(self.tokens) - len(self.prompt_ids) >= self.max_new_tokens
+        )
+
+    @property
     def is_prefilling(self) -> bool:
         """More than the one newest token is left to compute (a prompt, or a re-admission)."""
         return len(self.tokens) - self.num_computed > 1

@@ -841,15 +841,25 @@ def _plain(row: SamplingRow) -> bool:
     )
 
 
+def all_plain_greedy(rows: Sequence[SamplingRow]) -> bool:
+    """Whether every row is greedy and needs nothing but its logits (no mask, penalty, bias
+    or logprob): :func:`sample` is then one argmax."""
+    return all(_plain(r) and r.params.is_greedy for r in rows)
+
+
 def sample(
     logits: torch.Tensor,
     rows: Sequence[SamplingRow],
     generator: torch.Generator | None = None,
+    *,
+    plain_greedy: bool = False,
 ) -> SampleOutput:
     """Pick one token per row of ``logits`` (``[len(rows), vocab]``); ``logits`` is not modified.
 
     Rows whose ``generator`` is None draw from ``generator`` (in row order), or torch's default
     generator if that is None too. Returned logprobs are those of the raw ``logits``.
+    ``plain_greedy``: the caller has found :func:`all_plain_greedy` true for ``rows`` (on
+    another thread, overlapped with the device's work), so the per-row checks are skipped.
     """
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(
@@ -858,6 +868,8 @@ def sample(
     n, vocab = logits.shape
     if n == 0:
         return SampleOutput([], [], [])
+    if plain_greedy:
+        return SampleOutput(_argmax(logits).tolist(), [None] * n, [None] * n)
     params = [r.params for r in rows]
     plain = all(_plain(r) for r in rows)
 

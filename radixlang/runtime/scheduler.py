@@ -159,6 +159,8 @@ class Scheduler:
         plan: list[tuple[Req, int]] = []
         prefilling: list[Req] = []
         for req in self.running:  # decodes first: one token each, never starved
+            if req.awaits_last_token:
+                continue
             n = len(req.tokens) - req.num_computed
             if n > 1:  # still prefilling (see Req.is_prefilling)
                 prefilling.append(req)
@@ -354,6 +356,8 @@ class Scheduler:
         for req in self._ordered_waiting():
             if budget <= 0 or len(self.running) >= self.max_running_requests:
                 break
+            if req.tokens[-1] < 0:  # retracted with a token still being sampled: next step
+                continue
             key = req.tokens[: req.reuse_limit()]
             cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
