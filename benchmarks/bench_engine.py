@@ -136,7 +136,15 @@ def bench_throughput(files: Any, dtype: torch.dtype, args: argparse.Namespace) -
             f"  transformers b{batch}: {seconds:.1f} s, {generated / seconds:.1f} tok/s", flush=True
         )
     del hf
-    engine = Engine(files, dtype=dtype, device=args.device, kv_memory=args.kv_memory)
+    engine = Engine(
+        files,
+        dtype=dtype,
+        device=args.device,
+        kv_memory=args.kv_memory,
+        overlap=args.overlap,
+        cuda_graphs=args.cuda_graphs,
+    )
+    result["overlap"], result["cuda_graphs"] = engine.overlap, engine.runner.cuda_graphs
     try:
         engine_generate(engine, prompts[:2], 2)  # warm up
         seconds, ours = engine_generate(engine, prompts, args.new_tokens)
@@ -238,6 +246,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--suffix-tokens", type=int, default=16)
     parser.add_argument("--ttft-repeats", type=int, default=5)
     parser.add_argument("--kv-memory", default="2GiB")
+    parser.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the engine's overlapped scheduling (default: the engine's, on for CUDA)",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode steps as CUDA graph replays (default: the engine's, on for CUDA)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
 

@@ -442,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             background=False,
             threads=args.threads,
             overlap=overlap,
+            cuda_graphs=False,  # a replay would run the captured model, not the null forward
         )
         null = NullForward.install(engine, bank_rows=2 * max(args.batches) + 64)
         result["vocab_size"] = engine.runner.vocab_size

@@ -2,9 +2,11 @@
 # The GPU checks, as one script for a lent CUDA machine:
 #   1. every test marked `gpu` (compiled Triton kernels; the model and the engine on CUDA);
 #   2. the decode-attention bandwidth benchmark;
-#   3. the engine benchmark on CUDA, on a random-weight model with the default model's
-#      architecture and tokenizer (MODEL_CONFIG: a folder with its config.json and tokenizer
-#      files; the real weights are not installed there). Skipped without MODEL_CONFIG.
+#   3. the engine benchmark on CUDA in bfloat16 (with overlapped scheduling and CUDA graphs,
+#      then without), and the null-model host-overhead benchmark, on a random-weight model with
+#      the default model's architecture and tokenizer (MODEL_CONFIG: a folder with its
+#      config.json and tokenizer files; the real weights are not installed there). Skipped
+#      without MODEL_CONFIG.
 # It uses that machine's own Python (PYTHON, default python3, with torch, triton and
 # transformers; no virtualenv) and writes its logs and JSON to $OUT (default benchmarks/results).
 set -uo pipefail
@@ -18,6 +20,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OF
 timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest -q -m gpu -p no:cacheprovider \
     tests/kernels tests/runtime/test_model_parity.py tests/runtime/test_engine.py \
     tests/runtime/test_sampling.py tests/runtime/test_cuda_graphs.py \
+    tests/runtime/test_engine_overlap.py \
     2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 timeout 120 "$python" benchmarks/bench_decode_attention_gpu.py --out "$out" 2>&1 \
@@ -26,10 +29,19 @@ bench=${PIPESTATUS[0]}
 engine=0
 if [[ -n "${MODEL_CONFIG:-}" ]]; then
     model=/tmp/radixlang-random-model
-    "$python" benchmarks/make_random_model.py "$MODEL_CONFIG" "$model" \
-        && timeout "${ENGINE_TIMEOUT:-300}" "$python" benchmarks/bench_engine.py --model "$model" \
-            --device cuda --out "$out" 2>&1 | tee "$out/gpu_bench_engine.log"
-    engine=${PIPESTATUS[0]}
+    "$python" benchmarks/make_random_model.py "$MODEL_CONFIG" "$model" || engine=1
+    # With overlap and CUDA graphs (the CUDA defaults), then without them (the "before").
+    timeout "${ENGINE_TIMEOUT:-240}" "$python" benchmarks/bench_engine.py --model "$model" \
+        --device cuda --dtypes bfloat16 --out "$out" 2>&1 | tee "$out/gpu_bench_engine.log"
+    engine=$(( engine || PIPESTATUS[0] ))
+    timeout "${ENGINE_TIMEOUT:-240}" "$python" benchmarks/bench_engine.py --model "$model" \
+        --device cuda --dtypes bfloat16 --no-overlap --no-cuda-graphs --hf-batches 32 \
+        --out "$out/eager" 2>&1 | tee "$out/gpu_bench_engine_eager.log"
+    engine=$(( engine || PIPESTATUS[0] ))
+    # The host-overhead floor on the GPU: a null forward, with and without overlap.
+    timeout 240 "$python" benchmarks/bench_host_overhead.py --model "$model" --device cuda \
+        --batches 64 256 --repeats 2 --out "$out" 2>&1 | tee "$out/gpu_bench_host_overhead.log"
+    engine=$(( engine || PIPESTATUS[0] ))
 fi
-echo "gpu tests exit $tests, bandwidth benchmark exit $bench, engine benchmark exit $engine"
+echo "gpu tests exit $tests, bandwidth benchmark exit $bench, engine benchmarks exit $engine"
 exit $(( tests || bench || engine ))

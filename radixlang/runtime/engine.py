@@ -87,7 +87,7 @@ DEFAULT_COMPILE_TIMEOUT_S = 5.0
 # With overlap the device thread takes the GIL back after each op it runs without it; at
 # CPython's default switch interval (5 ms) it waited up to that long whenever the engine
 # thread was running Python, which undid the overlap (benchmarks/bench_host_overhead.py).
-OVERLAP_SWITCH_INTERVAL_S = 0.0002
+OVERLAP_SWITCH_INTERVAL_S = 0.00005
 
 Prompt = str | Sequence[int]
 

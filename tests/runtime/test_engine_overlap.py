@@ -99,14 +99,21 @@ def mixed_workload(n: int, seed: int) -> list[tuple[list[int], dict]]:
     return items
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_overlapped_outputs_are_the_ones_without_overlap(folder, seed):
+on_cuda = [pytest.mark.gpu, needs_cuda]  # noqa: F405
+
+
+@pytest.mark.parametrize(
+    "seed, device",
+    [(0, "cpu"), (1, "cpu"), pytest.param(0, "cuda", marks=on_cuda)],
+)
+def test_overlapped_outputs_are_the_ones_without_overlap(folder, seed, device):
     """Token for token, logprob for logprob, and the same finish reasons; streams carry the
-    output in order and never a placeholder; every block comes back."""
+    output in order and never a placeholder; every block comes back. (On CUDA both runs
+    replay CUDA graphs for their decode steps.)"""
     items = mixed_workload(24, seed)
     results = {}
     for overlap in (False, True):
-        eng = engine(folder, overlap=overlap, num_blocks=96)
+        eng = engine(folder, overlap=overlap, num_blocks=96, device=device)
         try:
             streamed: dict[str, list[int]] = {}
 
