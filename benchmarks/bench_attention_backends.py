@@ -487,8 +487,8 @@ def run_cases(
         save([c for c, _, _ in work[:done]])
         case["kv_bytes"] = tokens * token_bytes
         if case["kv_bytes"] > budget:
-            gib = case["kv_bytes"] / 2**30
-            case["skipped"] = f"K/V of {gib:.2f} GiB over the {budget / 2**30:.2f} GiB budget"
+            mib = case["kv_bytes"] / 2**20
+            case["skipped"] = f"K/V of {mib:.1f} MiB over the {budget / 2**20:.1f} MiB budget"
             continue
         print(f"{case} ...", file=sys.stderr, flush=True)
         try:

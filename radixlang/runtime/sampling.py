@@ -414,7 +414,7 @@ def _apply_masks(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
                     f"got {m.dtype} {tuple(m.shape)}"
                 )
             allow_idx.append(i)
-            allow_masks.append(m.to(x.device))
+            allow_masks.append(m)
             masked_rows.append(i)
         if _stop_masked(row):
             # A stop id the logits cannot produce is already impossible: skip it.
@@ -424,7 +424,11 @@ def _apply_masks(x: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
             masked_rows.append(i)
     if allow_idx:
         idx = torch.tensor(allow_idx, device=x.device)
-        allowed = torch.stack(allow_masks)
+        # Stacked where the masks are (the host, from the grammar engine), then moved in one
+        # copy: a copy per row cost a transfer each on a GPU.
+        if len({m.device for m in allow_masks}) > 1:
+            allow_masks = [m.to(x.device) for m in allow_masks]
+        allowed = torch.stack(allow_masks).to(x.device)
         x[idx] = x[idx].masked_fill(~allowed, -math.inf)
     if stop_toks:
         x[
