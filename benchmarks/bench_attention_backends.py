@@ -71,7 +71,7 @@ def extend_case(spec: str) -> tuple[int, int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected BATCHxNEW+PREFIX, got {spec!r}") from None
     if case[0] < 1 or case[1] < 1 or case[2] < 0:
-        raise argparse.ArgumentTypeError(f"batch and new tokens must be >= 1: {spec!r}")
+        raise argparse.ArgumentTypeError(f"batch, new tokens >= 1 and prefix >= 0: {spec!r}")
     return case
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent CUDA machine:
 #   1. every test marked `gpu` (compiled Triton kernels; the model and the engine on CUDA);
-#   2. the decode-attention bandwidth benchmark;
+#   2. the decode-attention bandwidth benchmark, then FlashInfer's paged attention against the
+#      Triton kernels (decode and extend; where flashinfer is not installed it writes a
+#      "skipped" JSON and exits 0; its status is reported but does not fail the checks, as it
+#      compares with an optional library);
 #   3. the engine benchmark on CUDA in bfloat16 (with overlapped scheduling and CUDA graphs,
 #      then without), and the null-model host-overhead benchmark, on a random-weight model with
 #      the default model's architecture and tokenizer (MODEL_CONFIG: a folder with its
@@ -26,6 +29,9 @@ tests=${PIPESTATUS[0]}
 timeout 120 "$python" benchmarks/bench_decode_attention_gpu.py --out "$out" 2>&1 \
     | tee "$out/gpu_bench.log"
 bench=${PIPESTATUS[0]}
+timeout 120 "$python" benchmarks/bench_attention_backends.py --out "$out" 2>&1 \
+    | tee "$out/gpu_bench_attention_backends.log"
+backends=${PIPESTATUS[0]}
 engine=0
 if [[ -n "${MODEL_CONFIG:-}" ]]; then
     model=/tmp/radixlang-random-model
@@ -43,5 +49,6 @@ if [[ -n "${MODEL_CONFIG:-}" ]]; then
         --batches 64 256 --repeats 2 --out "$out" 2>&1 | tee "$out/gpu_bench_host_overhead.log"
     engine=$(( engine || PIPESTATUS[0] ))
 fi
-echo "gpu tests exit $tests, bandwidth benchmark exit $bench, engine benchmarks exit $engine"
+echo "gpu tests exit $tests, bandwidth benchmark exit $bench, attention backends benchmark" \
+    "exit $backends, engine benchmarks exit $engine"
 exit $(( tests || bench || engine ))

@@ -131,6 +131,7 @@ def test_overlapped_outputs_are_the_ones_without_overlap(folder, seed, device):
             results[overlap] = [
                 (r.output_ids, r.finish_reason, r.matched_stop, r.output_logprobs) for r in out
             ]
+            results[overlap].append(eng.stats()["cached_tokens"])  # the same cache left
             assert any(r.finish_reason.value == "stop" for r in out)  # some stopped early
             assert (eng.stats()["overlapped_steps"] > 10) == overlap
             idle_blocks_are_free_or_cached(eng)
