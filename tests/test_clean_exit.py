@@ -150,3 +150,38 @@ def test_sglangs_failing_test_program_exits_cleanly(chat_model_dir, tmp_path):
     assert "test_stream_logprobs" in err
     assert err.rstrip().endswith("AssertionError")
     assert err.count("Traceback") == 1
+
+
+OVERLAP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from radixlang.runtime import Engine
+
+    model = sys.argv[1]
+    greedy = {"temperature": 0, "max_new_tokens": 4000, "ignore_eos": True}
+    # Never shut down: a stepped engine mid-decode (its device thread holds a step), and a
+    # threaded one streaming.
+    stepped = Engine(model, kv_memory="16MiB", dtype="float32", background=False, overlap=True)
+    stepped.submit("Once upon a time", greedy)
+    for _ in range(4):
+        stepped.step()
+    threaded = Engine(model, kv_memory="16MiB", dtype="float32", overlap=True)
+    handle = threaded.submit("Once upon a time", greedy)
+    next(iter(handle))
+    print("in flight", flush=True)
+    """
+)
+
+
+def test_engines_with_overlap_left_running_exit_cleanly(chat_model_dir, tmp_path):
+    script = tmp_path / "overlap.py"
+    script.write_text(OVERLAP_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(chat_model_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert out == "in flight\n"

@@ -252,10 +252,13 @@ class Engine:
         model = DEFAULT_MODEL if model is None else model
         self.threads = _check_threads(threads)
         self.overlap = _choose_overlap(overlap, device, host_tier_memory)
-        # Overlap: the device thread runs the model (and loads it: see boot() below); the steps
-        # it has not answered yet, at most one at a time (see _overlap_step).
+        # Overlap: the device thread runs the model (and loads it: see boot() below); the step
+        # it has not answered yet (see step()).
         self._device = DeviceWorker() if self.overlap else None
-        if self.overlap:  # process-wide; only ever lowered
+        if self._device is not None:
+            # Stopped when the engine goes, or at exit if never shut down: a thread left in
+            # torch at interpreter exit aborted the process.
+            weakref.finalize(self, self._device.close)
             sys.setswitchinterval(min(sys.getswitchinterval(), OVERLAP_SWITCH_INTERVAL_S))
         self._inflight: InflightStep | None = None
         self._processing = False

@@ -35,6 +35,7 @@ CUMULATIVE = (
     "evicted_blocks",
     "jump_forward_tokens",
     "jump_forward_jumps",
+    "overlapped_steps",
     "grammar_mask_steps",
     "grammar_mask_ms_p50",
     "grammar_mask_ms_p99",
