@@ -311,7 +311,14 @@ class Engine:
                 cuda_graphs=cuda_graphs,
             )
             if self.runner.cuda_graphs:  # now, not at the first decode step (seconds)
-                self.runner.capture_cuda_graphs()
+                try:
+                    self.runner.capture_cuda_graphs()
+                except Exception as e:
+                    if cuda_graphs:  # asked for outright: say so
+                        raise
+                    # On by default: an engine that runs eagerly beats one that does not start.
+                    log.warning("CUDA graph capture failed (%s); decoding eagerly", e)
+                    self.runner.cuda_graphs = False
             cap, model_context = self._max_context_cap, self.runner.max_context
             if cap is not None and cap > model_context:
                 raise ValueError(
