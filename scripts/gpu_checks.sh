@@ -12,6 +12,7 @@
 #      without MODEL_CONFIG.
 # It uses that machine's own Python (PYTHON, default python3, with torch, triton and
 # transformers; no virtualenv) and writes its logs and JSON to $OUT (default benchmarks/results).
+# STAGE=tests runs only 1, STAGE=bench only 2 and 3 (the device allows 10 minutes a command).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -20,19 +21,23 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 "$python" -c 'import torch, triton, transformers as t; print("torch", torch.__version__,
 "triton", triton.__version__, "transformers", t.__version__, "cuda", torch.cuda.is_available())'
+stage=${STAGE:-all}
+tests=0 bench=0 backends=0 engine=0
+if [[ $stage != bench ]]; then
 timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest -q -m gpu -p no:cacheprovider \
     tests/kernels tests/runtime/test_model_parity.py tests/runtime/test_engine.py \
     tests/runtime/test_sampling.py tests/runtime/test_cuda_graphs.py \
     tests/runtime/test_engine_overlap.py \
     2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
+fi
+if [[ $stage != tests ]]; then
 timeout 120 "$python" benchmarks/bench_decode_attention_gpu.py --out "$out" 2>&1 \
     | tee "$out/gpu_bench.log"
 bench=${PIPESTATUS[0]}
 timeout 120 "$python" benchmarks/bench_attention_backends.py --out "$out" 2>&1 \
     | tee "$out/gpu_bench_attention_backends.log"
 backends=${PIPESTATUS[0]}
-engine=0
 if [[ -n "${MODEL_CONFIG:-}" ]]; then
     model=/tmp/radixlang-random-model
     "$python" benchmarks/make_random_model.py "$MODEL_CONFIG" "$model" || engine=1
@@ -48,6 +53,7 @@ if [[ -n "${MODEL_CONFIG:-}" ]]; then
     timeout 240 "$python" benchmarks/bench_host_overhead.py --model "$model" --device cuda \
         --batches 64 256 --repeats 2 --out "$out" 2>&1 | tee "$out/gpu_bench_host_overhead.log"
     engine=$(( engine || PIPESTATUS[0] ))
+fi
 fi
 echo "gpu tests exit $tests, bandwidth benchmark exit $bench, attention backends benchmark" \
     "exit $backends, engine benchmarks exit $engine"
