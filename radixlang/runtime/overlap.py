@@ -21,9 +21,8 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -106,4 +105,3 @@ class InflightStep:
     chunks: list[Any]  # the step's chunks (every one a plain decode)
     sampled: list[Any]  # the requests sampled, in sample-row order
     positions: list[int]  # where each one's placeholder sits in its ``tokens``
-    started: float = field(default_factory=time.perf_counter)

@@ -230,3 +230,29 @@ def test_overlap_with_the_engine_thread_and_aborts(folder):
         assert eng.pool.num_free == eng.pool.num_blocks
     finally:
         eng.shutdown()
+
+
+def test_the_scheduler_waits_for_tokens_still_being_sampled():
+    """A request whose last token is a placeholder is not admitted (it was retracted with its
+    token in flight), and a running one whose placeholder is its last allowed token is not
+    scheduled again: it has nothing left to compute."""
+    from radixlang.runtime.block_pool import BlockPool
+    from radixlang.runtime.radix_cache import RadixCache
+    from radixlang.runtime.request import Req
+    from radixlang.runtime.sampling import SamplingParams
+    from radixlang.runtime.scheduler import Scheduler
+
+    pool = BlockPool(64, 4)
+    scheduler = Scheduler(pool, RadixCache(pool))
+    req = Req("a", [5, 6, 7], SamplingParams(max_new_tokens=2), frozenset(), 2)
+    req.tokens.append(placeholder(0))
+    scheduler.add(req)
+    assert not scheduler.schedule().chunks and scheduler.waiting == [req]
+    req.tokens[-1] = 9  # its token came back
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.req is req and (chunk.start, chunk.end) == (0, 4)
+    scheduler.commit(chunk)
+    req.tokens.append(placeholder(0))  # its second and last token is being sampled
+    assert req.awaits_last_token
+    assert not scheduler.schedule().chunks and scheduler.running == [req]
+    scheduler.check_integrity()
