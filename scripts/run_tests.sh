@@ -17,4 +17,6 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports  # the layering contracts in pyproject.toml
 export HF_HUB_OFFLINE=1  # nothing is fetched from a model hub at test time
-exec .venv/bin/python -m pytest --durations=10 "$@"
+# Two worker processes (pytest-xdist; both cores of CI): each test file on one worker, the Ray
+# tests together (tests/conftest.py). "-n 0" among the arguments runs one process.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=10 "$@"

@@ -45,3 +45,12 @@ def ray_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (``-n 2 --dist loadgroup``, the test command): a test file stays on
+    one worker (its module fixtures, a server or a loaded model, are made once), and every
+    Ray test shares one worker (one Ray cluster, not one per worker)."""
+    for item in items:
+        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

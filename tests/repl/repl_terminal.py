@@ -35,6 +35,10 @@ class ReplTerminal:
     def __init__(self, args: list[str], home: Path, timeout: float = 120.0) -> None:
         env = dict(os.environ)
         env.update(TERM="xterm-256color", PROMPT_TOOLKIT_NO_CPR="1", XDG_CACHE_HOME=str(home))
+        # The terminal's size is the pty's: pytest-xdist sets COLUMNS=80 in its workers, which
+        # rich would take over the pty's 160 columns.
+        env.pop("COLUMNS", None)
+        env.pop("LINES", None)
         self.log = io.StringIO()
         self.child = pexpect.spawn(
             sys.executable,
