@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from radixlang.cluster.replica import EngineReplica
-from radixlang.cluster.router import NoReplicaError, Route, Router
+from radixlang.cluster.router import BALANCE_ABS, BALANCE_REL, NoReplicaError, Route, Router
 from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
 from radixlang.runtime.engine import (
     CacheBusyError,
@@ -108,8 +108,8 @@ class ReplicaSet:
         cpus_per_replica: int | None = None,
         max_restarts: int = -1,
         retries: int = 1,
-        balance_abs: int = 16,
-        balance_rel: float = 1.5,
+        balance_abs: int = BALANCE_ABS,
+        balance_rel: float = BALANCE_REL,
         **engine_kwargs: Any,
     ) -> None:
         if not isinstance(replicas, int) or replicas < 1:

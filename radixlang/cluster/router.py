@@ -24,6 +24,11 @@ from radixlang.runtime.kv_events import block_hashes
 POLICIES = ("cache_aware", "round_robin")
 # Routing keys remembered (the least recently used are forgotten past this).
 MAX_KEYS = 65536
+# A replica counts as overloaded past this many requests in flight more than the least loaded
+# (and this many times its load). With 16 clients forking at once a 4-request imbalance is
+# routine; SGLang's router uses 32.
+BALANCE_ABS = 16
+BALANCE_REL = 1.5
 
 
 class NoReplicaError(RuntimeError):
@@ -43,8 +48,8 @@ class Router:
         num_replicas: int,
         block_size: int,
         policy: str = "cache_aware",
-        balance_abs: int = 16,
-        balance_rel: float = 1.5,
+        balance_abs: int = BALANCE_ABS,
+        balance_rel: float = BALANCE_REL,
         max_keys: int = MAX_KEYS,
     ) -> None:
         if policy not in POLICIES:

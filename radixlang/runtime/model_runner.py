@@ -190,10 +190,8 @@ class ModelRunner:
         """Compute the sequences' tokens in one packed pass and store their K/V."""
         if not seqs:
             raise BatchError("a forward pass needs at least one sequence")
-        if self.cuda_graphs:  # off on CPUs: nothing more per step there
-            replayed = self._replay(seqs)
-            if replayed is not None:
-                return replayed
+        if self.cuda_graphs and all(len(q.tokens) == 1 and not q.return_logprobs for q in seqs):
+            return self.run_decode(self.prepare_decode(seqs))  # a replay where one fits
         # Extends first, then decodes: attention runs each group with its own kernel.
         decodes = [len(seq.tokens) == 1 for seq in seqs]
         if all(decodes) or not any(decodes):
@@ -234,27 +232,6 @@ class ModelRunner:
                     values, ids = scores.topk(min(seq.top_logprobs, scores.shape[1]), dim=-1)
                     top[index] = (values, ids)
         return ForwardOutput(last, logprobs, top)
-
-    def _replay(self, seqs: Sequence[SequenceInput]) -> ForwardOutput | None:
-        """The batch run as a CUDA graph replay; None where it must run eagerly (not all
-        one-token decodes without logprobs, too many, a table wider than the graphs', kernels
-        switched away from Triton, or a malformed sequence, which the eager path reports)."""
-        n = len(seqs)
-        if n > self.cuda_graph_max_batch:
-            return None
-        if any(len(seq.tokens) != 1 or seq.return_logprobs for seq in seqs):
-            return None
-        if not kernels.use_triton(self.model.embed):
-            return None
-        graphs = self._graphs or self.capture_cuda_graphs()
-        # A decode row's table holds prefix_len // block_size + 1 blocks (see _decode_lists).
-        width = max(seq.prefix_len for seq in seqs) // self.block_size + 1
-        if not graphs.fits(n, width):
-            return None
-        built = self._build_batch(seqs, [])  # no logit rows: the graphs have their own
-        if built is None:
-            return None
-        return ForwardOutput(graphs.run(built[0]), [None] * n, [None] * n)
 
     def _check(self, seq: SequenceInput) -> None:
         n = len(seq.tokens)
@@ -341,7 +318,7 @@ class ModelRunner:
         )
 
     # ---- a decode step in two halves (overlapped scheduling: runtime/overlap.py) --------------
-    def prepare_decode(self, seqs: Sequence[SequenceInput]) -> PreparedDecode:
+    def prepare_decode(self, seqs: Sequence[SequenceInput]) -> HostBatch:
         """The host half of :meth:`forward` for one-token decodes without logprobs: checks and
         packing, on the calling thread. :meth:`set_input_ids` may change the tokens after it
         (the placeholders of overlapped scheduling); :meth:`run_decode` is the device half."""
@@ -352,25 +329,27 @@ class ModelRunner:
             for seq in seqs:
                 self._check(seq)
             raise AssertionError("the batch failed its checks, but no sequence did")
-        return PreparedDecode(host)
+        return host
 
-    def set_input_ids(self, prepared: PreparedDecode, rows: list[int], ids: list[int]) -> None:
+    def set_input_ids(self, prepared: HostBatch, rows: list[int], ids: list[int]) -> None:
         """Put token ``ids[i]`` in as the input of decode ``rows[i]`` (before the run)."""
         vocab = self.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise BatchError(f"token ids must lie in [0, {vocab})")
-        values = prepared.host.longs.numpy()
-        base = prepared.host.long_at[0]
+        values = prepared.longs.numpy()
+        base = prepared.long_at[0]
         for row, token in zip(rows, ids, strict=True):
             values[base + row] = token
 
-    def run_decode(self, prepared: PreparedDecode) -> ForwardOutput:
-        """The device half: the prepared decodes' logits, a row per sequence, in order."""
-        host = prepared.host
+    def run_decode(self, host: HostBatch) -> ForwardOutput:
+        """The device half: the prepared decodes' logits, a row per sequence, in order; a
+        CUDA graph replay where one fits (graphs on, at most the largest captured size, a
+        table no wider than the graphs', the kernels still Triton), else eagerly."""
         n = host.num_seqs
-        if self.cuda_graphs and n <= self.cuda_graph_max_batch:
+        replay = self.cuda_graphs and n <= self.cuda_graph_max_batch
+        if replay and kernels.use_triton(self.model.embed):
             graphs = self._graphs or self.capture_cuda_graphs()
-            if kernels.use_triton(self.model.embed) and graphs.fits(n, host.width):
+            if graphs.fits(n, host.width):
                 batch, _ = host.to_device(self.device)
                 return ForwardOutput(graphs.run(batch), [None] * n, [None] * n)
         batch, logit_rows = host.to_device(self.device)
@@ -494,13 +473,6 @@ class HostBatch:
             host_extend_lens=self.extend_lens,
         )
         return batch, longs[long_at[3] : long_at[3] + self.num_logit_rows]
-
-
-@dataclass
-class PreparedDecode:
-    """A decode step's batch, packed on the host by :meth:`ModelRunner.prepare_decode`."""
-
-    host: HostBatch
 
 
 # Per sequence: prefix, extend and sequence lengths, block counts; per token: input ids,

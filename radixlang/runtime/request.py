@@ -264,9 +264,7 @@ class Req:
     def awaits_last_token(self) -> bool:
         """Overlapped scheduling: its last output token is still being sampled (a placeholder,
         see runtime/overlap.py), so it has nothing left to compute."""
-        return (
-            self.tokens[-1] < 0 and len(self.tokens) - len(self.prompt_ids) >= self.max_new_tokens
-        )
+        return self.tokens[-1] < 0 and self.num_output >= self.max_new_tokens
 
     @property
     def is_prefilling(self) -> bool:

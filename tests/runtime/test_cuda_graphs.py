@@ -12,13 +12,8 @@ import itertools
 import os
 import random
 
-import torch
-
-# Before the Triton kernels are defined (conftest.py does the same for the whole folder).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
+import torch
 from tiny_models import make_tiny_model
 
 from radixlang.runtime.cuda_graphs import (
@@ -32,6 +27,7 @@ from radixlang.runtime.cuda_graphs import (
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.model_runner import BatchError, ModelRunner, SequenceInput
 
+# tests/conftest.py sets TRITON_INTERPRET=1 without a GPU, before any test module loads.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(
     not INTERPRETED, reason="Triton interpreter off (a GPU is present); the gpu tests cover this"
@@ -337,10 +333,10 @@ def test_cuda_graphs_are_off_on_a_cpu_by_default(folders, monkeypatch):
     info = runner.describe()
     assert info["cuda_graphs"] is False and info["cuda_graph_sizes"] == []
 
-    def no_replay(seqs):
+    def no_replay(host):
         raise AssertionError("a CPU runner must not try a graph")
 
-    monkeypatch.setattr(runner, "_replay", no_replay)
+    monkeypatch.setattr(runner, "run_decode", no_replay)
     decodes = prefill(runner, [5, 12], seed=0)
     assert prefill(off, [5, 12], seed=0) == decodes
     assert torch.equal(runner.forward(decodes).logits, off.forward(decodes).logits)
