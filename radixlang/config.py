@@ -273,6 +273,9 @@ ENGINE_SETTINGS = (
     Setting("engine", "cuda_graphs", BOOL, None,
             "replay decode steps as CUDA graphs, captured at start (default: on for CUDA "
             "with the Triton kernels)"),
+    Setting("engine", "deterministic", BOOL, None,
+            "deterministic inference: a request's logits, tokens and logprobs bitwise the "
+            "same whatever else is in its batch (batch-invariant kernels; slower)"),
 )  # fmt: skip
 SERVER_SETTINGS = (
     Setting("server", "host", TEXT, "127.0.0.1", "address to listen on"),

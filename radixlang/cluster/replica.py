@@ -43,6 +43,7 @@ class EngineReplica:
             "max_context": e.max_context,
             "vocab_size": e.runner.vocab_size,
             "dtype": e.dtype,
+            "deterministic": e.deterministic,
             "device": str(e.runner.device),
             "max_batch_tokens": e.scheduler.max_batch_tokens,
             "max_running_requests": e.scheduler.max_running_requests,

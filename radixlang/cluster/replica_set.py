@@ -157,6 +157,7 @@ class ReplicaSet:
         first = self.replica_info[0]
         self.router = Router(replicas, first["block_size"], routing, balance_abs, balance_rel)
         self.max_context = min(i["max_context"] for i in self.replica_info)
+        self.deterministic = first["deterministic"]
         self.runner = SimpleNamespace(
             vocab_size=first["vocab_size"], dtype=first["dtype"], device=first["device"]
         )

@@ -13,6 +13,13 @@ used.
 Sliding windows (``window=W``: the token at position p sees positions ``p - W + 1 .. p``, as
 transformers' Mistral masks them) run on every path. No path reads the blocks wholly before a
 query's window, so a caller may put any block id there (say, of a block it has released).
+
+``deterministic=True`` (deterministic inference) makes every path compute each query's output
+from that query's own inputs only, with no split or order chosen by the batch: the native
+kernel's uniform mode, the torch path query by query, Triton's decode kernel with a sequential
+merge of its fixed-size KV partitions (and an extend's tokens run through it as queries of
+their own). A token's attention is then bitwise the same alone or in any batch, and whether
+it was computed in an extend or as a decode.
 """
 
 from __future__ import annotations
@@ -33,12 +40,16 @@ MODES = ("auto", "torch", "native", "triton")
 NATIVE_EXTEND_MAX_TOKENS = 16
 
 NativePlan = native.NativePlan
-AttentionPlan = reference.DecodePlan | native.NativePlan
+QueryPlan = reference.QueryPlan
+AttentionPlan = reference.DecodePlan | native.NativePlan | reference.QueryPlan
+ExtendPlan = native.NativePlan | reference.QueryPlan
 
 __all__ = [
     "AttentionPlan",
+    "ExtendPlan",
     "NativePlan",
     "PagedKV",
+    "QueryPlan",
     "check_paged_kv",
     "decode_attention",
     "extend_attention",
@@ -91,6 +102,7 @@ def plan_decode(
     cache: PagedKV,
     q: torch.Tensor,
     window: int | None = None,
+    deterministic: bool = False,
 ) -> AttentionPlan | None:
     """Per-batch work that every layer's ``decode_attention`` would repeat (CPU paths only).
 
@@ -100,7 +112,9 @@ def plan_decode(
     if use_triton(q):
         return None
     if use_native(q, cache):
-        return native.plan_decode(block_tables, seq_lens, window)
+        return native.plan_decode(block_tables, seq_lens, window, uniform=deterministic)
+    if deterministic:
+        return reference.plan_queries(block_tables, None, seq_lens.tolist(), window)
     return reference.plan_decode(block_tables, seq_lens, cache, window)
 
 
@@ -110,13 +124,19 @@ def plan_extend(
     cache: PagedKV,
     q: torch.Tensor,
     window: int | None = None,
-) -> native.NativePlan | None:
-    """The native kernel's plan for an extend whose new K/V are stored, or None where another
-    path runs it (a GPU, the torch path, sequences longer than ``NATIVE_EXTEND_MAX_TOKENS``)."""
+    deterministic: bool = False,
+) -> ExtendPlan | None:
+    """The plan for an extend whose new K/V are stored: the native kernel's, or None where
+    another path runs it (a GPU, the torch path, sequences longer than
+    ``NATIVE_EXTEND_MAX_TOKENS``). Deterministic extends always get one: the native kernel's
+    uniform plan, or the tokens as queries of their own (``QueryPlan``)."""
     prefix_lens, extend_lens = host_lens
-    if not extend_lens or max(extend_lens) > NATIVE_EXTEND_MAX_TOKENS:
-        return None
-    if use_triton(q) or not use_native(q, cache):
+    native_kernel = not use_triton(q) and use_native(q, cache)
+    if deterministic:
+        if native_kernel:
+            return native.plan_extend(block_tables, prefix_lens, extend_lens, window, uniform=True)
+        return reference.plan_extend_queries(block_tables, prefix_lens, extend_lens, window)
+    if not extend_lens or max(extend_lens) > NATIVE_EXTEND_MAX_TOKENS or not native_kernel:
         return None
     return native.plan_extend(block_tables, prefix_lens, extend_lens, window)
 
@@ -129,20 +149,23 @@ def decode_attention(
     scale: float,
     plan: AttentionPlan | None = None,
     window: int | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """Attention of one new token per sequence (``q`` ``[batch, heads, dim]``) over its cache,
-    its last ``window`` tokens only when a window is given (``plan`` must share it)."""
+    its last ``window`` tokens only when a window is given (``plan`` must share it and the
+    ``deterministic`` choice)."""
     if use_triton(q):
         from radixlang.kernels import triton_decode_attention
 
         return triton_decode_attention.decode_attention(
-            q, cache, block_tables, seq_lens, scale, window=window
+            q, cache, block_tables, seq_lens, scale, window=window, deterministic=deterministic
         )
+    if plan is None:
+        plan = plan_decode(block_tables, seq_lens, cache, q, window, deterministic)
     if isinstance(plan, native.NativePlan):
         return native.paged_attention(q, cache, plan, scale)
-    if plan is None and use_native(q, cache):
-        plan = native.plan_decode(block_tables, seq_lens, window)
-        return native.paged_attention(q, cache, plan, scale)
+    if isinstance(plan, reference.QueryPlan):
+        return reference.query_attention(q, cache, plan, scale)
     return reference.decode_attention(q, cache, block_tables, seq_lens, scale, plan, window)
 
 
@@ -156,7 +179,7 @@ def extend_attention(
     extend_lens: torch.Tensor,
     scale: float,
     host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
-    plan: native.NativePlan | None = None,
+    plan: ExtendPlan | None = None,
     window: int | None = None,
 ) -> torch.Tensor:
     """Packed new tokens attend to their cached prefix and causally to each other; with a
@@ -165,8 +188,16 @@ def extend_attention(
     ``host_lens`` (the prefix and extend lengths as Python ints) saves reading them back from
     the device, a synchronisation per call on a GPU. ``plan`` (from ``plan_extend`` with the
     same window, which requires the new tokens' K/V already stored in ``cache``) runs it on the
-    native kernel.
+    native kernel, or (a ``QueryPlan``: deterministic) token by token.
     """
+    if isinstance(plan, reference.QueryPlan):
+        if use_triton(q):
+            from radixlang.kernels import triton_decode_attention
+
+            return triton_decode_attention.decode_attention(
+                q, cache, plan.block_tables, plan.seq_lens, scale, window=window, deterministic=True
+            )
+        return reference.query_attention(q, cache, plan, scale)
     if plan is not None:
         return native.paged_attention(q, cache, plan, scale)
     args = (q, k_new, v_new, cache, block_tables, prefix_lens, extend_lens, scale)

@@ -33,7 +33,7 @@ def _library() -> ctypes.CDLL:
     lib = native_build.load("paged_attention")
     fn = lib.radixlang_paged_attention
     p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-    fn.argtypes = [p, i, p, p, i, p, i64, p, p, p, i, p, i, i, i, i, f, i, i]
+    fn.argtypes = [p, i, p, p, i, p, i64, p, p, p, i, p, i, i, i, i, f, i, i, i]
     fn.restype = ctypes.c_int
     return lib
 
@@ -73,16 +73,22 @@ class NativePlan:
     q_seq: torch.Tensor  # [queries] int32
     q_len: torch.Tensor  # [queries] int32
     q_start: torch.Tensor | None = None  # [queries] int32; None: every query sees from 0
+    # Each query's result a function of its own inputs only, whatever the batch (no splits;
+    # see paged_attention.cpp): deterministic inference.
+    uniform: bool = False
 
 
 def plan_decode(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, window: int | None = None
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    window: int | None = None,
+    uniform: bool = False,
 ) -> NativePlan:
     """One query per sequence, seeing its ``seq_lens[i]`` tokens (the last ``window`` only)."""
     rows = torch.arange(block_tables.shape[0], dtype=torch.int32)
     lens = _int32(seq_lens)
     start = None if window is None else (lens - window).clamp_(min=0).to(torch.int32)
-    return NativePlan(_int32(block_tables), rows, lens, start)
+    return NativePlan(_int32(block_tables), rows, lens, start, uniform)
 
 
 def plan_extend(
@@ -90,6 +96,7 @@ def plan_extend(
     prefix_lens: Sequence[int],
     extend_lens: Sequence[int],
     window: int | None = None,
+    uniform: bool = False,
 ) -> NativePlan:
     """Sequence i's ``extend_lens[i]`` new tokens, the j-th seeing ``prefix_lens[i] + j + 1``
     tokens (the last ``window`` of them only)."""
@@ -100,7 +107,8 @@ def plan_extend(
         length += range(prefix + 1, prefix + n + 1)
     lens = torch.tensor(length, dtype=torch.int32)
     start = None if window is None else (lens - window).clamp_(min=0).to(torch.int32)
-    return NativePlan(_int32(block_tables), torch.tensor(seq, dtype=torch.int32), lens, start)
+    queries = torch.tensor(seq, dtype=torch.int32)
+    return NativePlan(_int32(block_tables), queries, lens, start, uniform)
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
@@ -138,6 +146,7 @@ def paged_attention(
         scale,
         torch.get_num_threads(),
         SPLIT_TOKENS,
+        int(plan.uniform),
     )
     if code != 0:
         raise ValueError(

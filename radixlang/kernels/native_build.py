@@ -36,6 +36,12 @@ FLAGS = (
     "-fno-finite-math-only",
 )
 LINK_FLAGS = ("-shared", "-fopenmp")
+# Per source, after FLAGS: the batch-invariant linear's sums must keep the order written.
+SOURCE_FLAGS = {"invariant_linear": ("-fno-associative-math", "-fno-reciprocal-math")}
+
+
+def compile_flags(name: str) -> tuple[str, ...]:
+    return (*FLAGS, *SOURCE_FLAGS.get(name, ()))
 
 
 class NativeBuildError(RuntimeError):
@@ -80,7 +86,7 @@ def _compiler_version(compiler: str) -> str:
 def library_path(name: str, compiler: str) -> Path:
     source = (SOURCE_DIR / f"{name}.cpp").read_bytes()
     key = hashlib.sha256()
-    flags = " ".join((*FLAGS, *LINK_FLAGS)).encode()
+    flags = " ".join((*compile_flags(name), *LINK_FLAGS)).encode()
     for part in (source, flags, _compiler_version(compiler).encode()):
         key.update(part)
     key.update(_machine_fingerprint().encode())
@@ -102,7 +108,7 @@ def build(name: str) -> Path:
         os.close(fd)
         obj = tmp + ".o"
         steps = [
-            [compiler, *FLAGS, "-c", str(SOURCE_DIR / f"{name}.cpp"), "-o", obj],
+            [compiler, *compile_flags(name), "-c", str(SOURCE_DIR / f"{name}.cpp"), "-o", obj],
             [compiler, *LINK_FLAGS, obj, "-o", tmp],
         ]
         try:

@@ -242,3 +242,83 @@ def extend_attention(
         out[start:end] = attn.transpose(0, 1)
         start = end
     return out
+
+
+# ---- deterministic attention: every query on its own -------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Attention computed query by query (deterministic inference): per query its row of block
+    table, how many cached tokens it sees and the first of them it sees.
+
+    A query's result is then a function of its own inputs only: the same whether it is a
+    decode or a token of an extend, alone or in any batch. The torch path computes each query
+    with tensors of exactly its own sizes; the Triton path runs its decode kernel over the
+    queries as if each were a sequence of its own.
+    """
+
+    block_tables: torch.Tensor  # [queries, width] int32: each query's row
+    seq_lens: torch.Tensor  # [queries] int32, on the tables' device
+    lens: list[int]  # the same as host ints
+    starts: list[int]  # each query's first visible position (0 without a window)
+
+
+def plan_queries(
+    block_tables: torch.Tensor,
+    rows: Sequence[int] | None,
+    lens: Sequence[int],
+    window: int | None = None,
+) -> QueryPlan:
+    """Query i reads ``block_tables[rows[i]]`` (row i when ``rows`` is None) and sees its
+    first ``lens[i]`` tokens (the last ``window`` of them only)."""
+    device = block_tables.device
+    tables = block_tables.to(torch.int32)
+    if rows is not None:
+        tables = tables.index_select(0, torch.tensor(list(rows), dtype=torch.long, device=device))
+    lens = [int(n) for n in lens]
+    starts = [0 if window is None else max(0, n - window) for n in lens]
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return QueryPlan(tables.contiguous(), seq_lens, lens, starts)
+
+
+def plan_extend_queries(
+    block_tables: torch.Tensor,
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    window: int | None = None,
+) -> QueryPlan:
+    """An extend's tokens as queries: sequence i's j-th new token sees ``prefix_lens[i] + j + 1``
+    tokens (its own K/V must be stored before attention runs)."""
+    rows: list[int] = []
+    lens: list[int] = []
+    for row, (prefix, n) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
+        rows += [row] * n
+        lens += range(prefix + 1, prefix + n + 1)
+    return plan_queries(block_tables, rows, lens, window)
+
+
+def query_attention(q: torch.Tensor, cache: PagedKV, plan: QueryPlan, scale: float) -> torch.Tensor:
+    """Each query of ``q`` ``[queries, heads, dim]`` over its own visible tokens, one at a time,
+    in float32; the same operations on tensors of the same sizes for the same query wherever
+    it comes from."""
+    queries, heads, dim = q.shape
+    kv_heads, bs = cache.kv_heads, cache.block_size
+    group = heads // kv_heads
+    out = torch.empty_like(q)
+    for i in range(queries):
+        length, start = plan.lens[i], plan.starts[i]
+        if length <= start:
+            out[i] = 0
+            continue
+        b0, b1 = start // bs, -(-length // bs)
+        blocks = plan.block_tables[i, b0:b1].to(torch.long)
+        lo, hi = start - b0 * bs, length - b0 * bs
+        k = cache.k.index_select(0, blocks).view(-1, kv_heads, dim)[lo:hi]
+        v = cache.v.index_select(0, blocks).view(-1, kv_heads, dim)[lo:hi]
+        k = k.float().permute(1, 2, 0).contiguous()  # [kv_heads, dim, n]
+        v = v.float().transpose(0, 1).contiguous()  # [kv_heads, n, dim]
+        qi = q[i].float().reshape(kv_heads, group, dim).contiguous()
+        probs = torch.softmax(torch.bmm(qi, k) * scale, dim=-1)
+        out[i] = torch.bmm(probs, v).reshape(heads, dim).to(q.dtype)
+    return out

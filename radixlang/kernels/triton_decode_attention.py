@@ -362,6 +362,7 @@ def decode_attention(
     *,
     partition_tokens: int = DEFAULT_PARTITION_TOKENS,
     window: int | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """One query token per sequence over its ``seq_lens[i]`` cached tokens, the last ``window``
     of them only when a window is given (Triton path).
@@ -374,6 +375,10 @@ def decode_attention(
     host (no sync; the call can be captured in a CUDA graph) and ``seq_lens`` is not checked
     there: a length past the table's capacity is capped at it. CPU ``seq_lens`` are checked.
     A zero-length sequence gets zeros.
+
+    The partitions are fixed spans of the sequence, never sized by the batch. ``deterministic``
+    also merges them one at a time in order: the reduce otherwise sums a group of partitions
+    whose size follows the batch's widest table, and a sum's order may follow its width.
     """
     check_paged_kv(cache)
     if q.dim() != 3:
@@ -482,7 +487,7 @@ def decode_attention(
         DIM_PAD=d_pad,
         BLOCK_SIZE=block_size,
         PARTITION_BLOCKS=partition_blocks,
-        PARTS=min(REDUCE_PARTS, next_pow2(num_parts)),
+        PARTS=1 if deterministic else min(REDUCE_PARTS, next_pow2(num_parts)),
         WINDOWED=window is not None,
         num_warps=4,
     )

@@ -199,6 +199,12 @@ class Engine:
     token healing, a prefill-only request), run one at a time as without it. Not with a host
     tier. ``cuda_graphs`` (default: on for CUDA with the Triton kernels) captures the decode
     forward for a range of batch sizes at start and replays it (``runtime/cuda_graphs.py``).
+
+    ``deterministic`` (deterministic inference): a request's logits, and so its greedy tokens,
+    its seeded samples and its logprobs, are bitwise the same whatever else runs in its batch,
+    however its prompt is chunked, and whether its prefix came from the cache, the host tier or
+    was computed (``LlamaForCausalLM`` says how; ``benchmarks/bench_engine.py --deterministic``
+    what it costs).
     """
 
     def __init__(
@@ -231,6 +237,7 @@ class Engine:
         kv_events: bool = False,
         overlap: bool | None = None,
         cuda_graphs: bool | None = None,
+        deterministic: bool = False,
     ) -> None:
         if max_context is not None and (
             not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
@@ -251,6 +258,9 @@ class Engine:
         model = model if model is not None else model_path
         model = DEFAULT_MODEL if model is None else model
         self.threads = _check_threads(threads)
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+        self.deterministic = deterministic
         self.overlap = _choose_overlap(overlap, device, host_tier_memory)
         # Overlap: the device thread runs the model (and loads it: see boot() below); the step
         # it has not answered yet (see step()).
@@ -309,6 +319,7 @@ class Engine:
                 kv_dtype=kv_dtype,
                 quantization=quantization,
                 cuda_graphs=cuda_graphs,
+                deterministic=deterministic,
             )
             if self.runner.cuda_graphs:  # now, not at the first decode step (seconds)
                 try:

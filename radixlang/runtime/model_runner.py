@@ -75,6 +75,9 @@ class ModelRunner:
     size; every other batch runs eagerly. ``cuda_graphs`` None turns that on exactly there;
     ``cuda_graph_max_batch`` is the largest batch captured. The graphs are captured at the
     first such batch, or up front by :meth:`capture_cuda_graphs`.
+
+    ``deterministic``: every sequence's logits are bitwise the same whatever else is in the
+    batch and however its tokens were split into passes (see ``LlamaForCausalLM``).
     """
 
     def __init__(
@@ -89,8 +92,10 @@ class ModelRunner:
         quantization: str = "none",
         cuda_graphs: bool | None = None,
         cuda_graph_max_batch: int = DEFAULT_MAX_BATCH,
+        deterministic: bool = False,
     ) -> None:
         self.files = model if isinstance(model, ModelFiles) else load_model_files(model)
+        self.deterministic = deterministic
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         if cuda_graphs and self.device.type != "cuda":  # said before the weights load
@@ -105,6 +110,7 @@ class ModelRunner:
             device=self.device,
             config=self.files.hf_config(),
             quantization=quantization,
+            deterministic=deterministic,
         )
         self.quantization = quantization
         cache_dtype = resolve_dtype(kv_dtype) if kv_dtype is not None else self.dtype
@@ -166,6 +172,7 @@ class ModelRunner:
             "model_type": arch.model_type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": self.quantization,
+            "deterministic": self.deterministic,
             "device": str(self.device),
             "weights_bytes": self.model.num_parameter_bytes,
             "max_context": arch.max_context,

@@ -356,6 +356,7 @@ _RESPONSES: dict[str, dict[str, Any]] = {
             "served_model_name": _STR,
             "dtype": _STR,
             "device": _STR,
+            "deterministic": _BOOL,
             "block_size": _INT,
             "num_blocks": _INT,
             "max_context_length": _INT,

@@ -357,6 +357,7 @@ def create_app(
                 "served_model_name": model_name,
                 "dtype": str(engine.runner.dtype).removeprefix("torch."),
                 "device": str(engine.runner.device),
+                "deterministic": engine.deterministic,
                 "block_size": engine.pool.block_size,
                 "num_blocks": engine.pool.num_blocks,
                 "max_context_length": engine.max_context,

@@ -12,6 +12,12 @@
 // of the tile. Long single-query rows (decode at small batch) are split along their tokens so
 // that both cores get work; the partial results are merged with their softmax statistics.
 //
+// `uniform` (deterministic inference) makes a query's result a function of its own inputs
+// only: never split (a split depends on the batch), chunks that start on block boundaries
+// (not at the tile's first visible token, which depends on the tile's other queries), and one
+// dot-product loop for every score (the four-token loop and its tail may round differently).
+// A query then gets the same bits in any batch, tile or position, as decode or in an extend.
+//
 // Built by radixlang/kernels/native_build.py with the machine's C++ compiler, loaded with
 // ctypes; OpenMP comes from the runtime torch already loaded (same soname), so this kernel and
 // torch share one thread pool.
@@ -133,7 +139,7 @@ inline Partial partial_at(float* buffer, int dim) {
     return {buffer, buffer + MAX_ROWS, buffer + 2 * MAX_ROWS};
 }
 
-template <int KV_DTYPE, int DIM>
+template <int KV_DTYPE, int DIM, bool UNIFORM>
 void attend(const Problem& p, const Item& item, Partial& r) {
     const int dim = DIM > 0 ? DIM : p.dim;
     const int group = p.heads / p.kv_heads;
@@ -168,7 +174,9 @@ void attend(const Problem& p, const Item& item, Partial& r) {
     const float* v_rows[CHUNK];
     float scores[MAX_ROWS][CHUNK];
     const int bs = p.block_size;
-    for (int start = item.token_begin; start < item.token_end;) {
+    // Uniform: chunks on block boundaries; a row skips what it does not see (j0 below).
+    int start = UNIFORM ? item.token_begin / bs * bs : item.token_begin;
+    while (start < item.token_end) {
         const int block = start / bs;
         const int end = std::min({(block + 1) * bs, item.token_end, start + CHUNK});
         const int n_tokens = end - start;
@@ -182,7 +190,7 @@ void attend(const Problem& p, const Item& item, Partial& r) {
         for (int row = 0; row < rows; ++row) {
             const float* __restrict qr = q + row * dim;
             int j = 0;
-            for (; j + 4 <= n_tokens; j += 4) {
+            for (; !UNIFORM && j + 4 <= n_tokens; j += 4) {
                 const float* __restrict k0 = k_rows[j];
                 const float* __restrict k1 = k_rows[j + 1];
                 const float* __restrict k2 = k_rows[j + 2];
@@ -268,7 +276,7 @@ void write_rows(const Problem& p, const Item& item, const float* sum, const floa
     }
 }
 
-template <int KV_DTYPE, int DIM>
+template <int KV_DTYPE, int DIM, bool UNIFORM>
 void run_items(const Problem& p, const std::vector<Item>& items, float* partials, int threads) {
     const int64_t count = static_cast<int64_t>(items.size());
     const int64_t stride = partial_floats(p.dim);
@@ -282,22 +290,29 @@ void run_items(const Problem& p, const std::vector<Item>& items, float* partials
             const Item& item = items[i];
             float* buffer = item.split < 0 ? scratch.data() : partials + item.split * stride;
             Partial r = partial_at(buffer, p.dim);
-            attend<KV_DTYPE, DIM>(p, item, r);
+            attend<KV_DTYPE, DIM, UNIFORM>(p, item, r);
             if (item.split < 0) write_rows(p, item, r.sum, r.acc);
         }
     }
 }
 
-template <int KV_DTYPE>
+template <int KV_DTYPE, bool UNIFORM>
 void dispatch_dim(const Problem& p, const std::vector<Item>& items, float* partials, int threads) {
     switch (p.dim) {
         case 64:
-            return run_items<KV_DTYPE, 64>(p, items, partials, threads);
+            return run_items<KV_DTYPE, 64, UNIFORM>(p, items, partials, threads);
         case 128:
-            return run_items<KV_DTYPE, 128>(p, items, partials, threads);
+            return run_items<KV_DTYPE, 128, UNIFORM>(p, items, partials, threads);
         default:
-            return run_items<KV_DTYPE, 0>(p, items, partials, threads);
+            return run_items<KV_DTYPE, 0, UNIFORM>(p, items, partials, threads);
     }
+}
+
+template <int KV_DTYPE>
+void dispatch(const Problem& p, const std::vector<Item>& items, float* partials, int threads,
+              bool uniform) {
+    if (uniform) return dispatch_dim<KV_DTYPE, true>(p, items, partials, threads);
+    dispatch_dim<KV_DTYPE, false>(p, items, partials, threads);
 }
 
 }  // namespace
@@ -316,12 +331,14 @@ int radixlang_tile() { return TILE; }
 // a sequence's consecutive queries. Consecutive queries of one sequence are tiled together.
 // `split_tokens` > 0
 // splits single-query tiles whose length exceeds it (when the tiles alone would leave threads
-// idle). Returns 0, or -1 on arguments outside the limits.
+// idle). `uniform` != 0: each query's result depends on its own inputs only (see the top;
+// no splits then). Returns 0, or -1 on arguments outside the limits.
 int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
                               const void* v_cache, int kv_dtype, const int32_t* block_tables,
                               int64_t table_stride, const int32_t* q_seq, const int32_t* q_len,
                               const int32_t* q_start, int num_queries, void* out, int heads, int kv_heads, int dim,
-                              int block_size, float scale, int threads, int split_tokens) {
+                              int block_size, float scale, int threads, int split_tokens,
+                              int uniform) {
     if (heads % kv_heads != 0 || dim > MAX_DIM || dim <= 0 || block_size <= 0) return -1;
     const int group = heads / kv_heads;
     const int tile = std::max(1, std::min(TILE, MAX_ROWS / group));
@@ -339,7 +356,7 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
         tiles.emplace_back(i, j - i);
         i = j;
     }
-    const bool split = split_tokens > 0 &&
+    const bool split = !uniform && split_tokens > 0 &&
                        static_cast<int64_t>(tiles.size()) * kv_heads < 4LL * threads;
     struct Merge {
         int first_query, num_queries, kv_head, first_split, num_splits;
@@ -382,13 +399,13 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
     float* partials = partial_buffer.data();
     switch (kv_dtype) {
         case BF16:
-            dispatch_dim<BF16>(p, items, partials, threads);
+            dispatch<BF16>(p, items, partials, threads, uniform != 0);
             break;
         case F16:
-            dispatch_dim<F16>(p, items, partials, threads);
+            dispatch<F16>(p, items, partials, threads, uniform != 0);
             break;
         default:
-            dispatch_dim<F32>(p, items, partials, threads);
+            dispatch<F32>(p, items, partials, threads, uniform != 0);
     }
     // Merge the split items: rescale each part to the common maximum and add.
     for (const Merge& m : merges) {

@@ -15,7 +15,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from radixlang.kernels import native_linear
+from radixlang import kernels
+from radixlang.kernels import invariant_linear, native_linear
 
 PACKING_BATCH_HINT = 32
 
@@ -58,6 +59,40 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+class InvariantLinear:
+    """``y = x @ weight.T + bias`` with every row's result independent of the other rows, their
+    number and the thread count (deterministic inference): the native CPU kernel of
+    ``kernels/invariant_linear.py``, Triton's fixed-tile matmul where the kernels are Triton's
+    (GPUs), or on a CPU where the native kernel does not build, ``F.linear`` one row at a
+    time."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.num_bytes = weight.numel() * weight.element_size()
+        self.weight: torch.Tensor | None = None
+        self.bias = bias
+        self.packed: invariant_linear.PackedWeight | None = None
+        if kernels.use_triton(weight):  # a GPU (or RADIXLANG_KERNELS=triton)
+            self.kind = "triton"
+            self.weight = weight.contiguous()
+        elif invariant_linear.available():
+            self.kind = "native"
+            self.packed = invariant_linear.pack(weight, bias)
+        else:
+            self.kind = "rowwise"
+            self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return invariant_linear.linear(x, self.packed)
+        assert self.weight is not None
+        if self.kind == "triton":
+            from radixlang.kernels import triton_matmul
+
+            return triton_matmul.matmul(x, self.weight, self.bias)
+        return invariant_linear.rowwise_linear(x, self.weight, self.bias)
+
+
 QUANTIZATIONS = ("none", "int8")
 
 
@@ -89,14 +124,23 @@ class Int8Linear:
 
 
 def make_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str = "none"
-) -> Linear | Int8Linear:
-    """A linear layer holding ``weight`` as ``quantization`` says (``"none"``: as given)."""
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    quantization: str = "none",
+    deterministic: bool = False,
+) -> Linear | Int8Linear | InvariantLinear:
+    """A linear layer holding ``weight`` as ``quantization`` says (``"none"``: as given);
+    ``deterministic``: one whose rows do not depend on the batch (the int8 kernel's rows do
+    not: each is summed in k order by the same tile code at every batch size)."""
     if quantization == "none":
-        return Linear(weight, bias)
+        return InvariantLinear(weight, bias) if deterministic else Linear(weight, bias)
     if quantization == "int8":
         if weight.device.type != "cpu":
             raise ValueError("int8 quantization runs on CPUs only")
+        if deterministic and not native_linear.available():
+            raise ValueError(
+                "deterministic int8 inference needs the native int8 kernel, which did not build"
+            )
         return Int8Linear(weight, bias)
     choices = ", ".join(QUANTIZATIONS)
     raise ValueError(f"quantization must be one of {choices}; got {quantization!r}")

@@ -20,8 +20,8 @@ from radixlang import kernels
 from radixlang.models import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
-from radixlang.runtime.models.linear import Int8Linear, Linear, make_linear
-from radixlang.runtime.models.rope import apply_rotary, cos_sin, inverse_frequencies
+from radixlang.runtime.models.linear import Int8Linear, InvariantLinear, Linear, make_linear
+from radixlang.runtime.models.rope import RopeTable, apply_rotary, cos_sin, inverse_frequencies
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Those whose transformers implementation applies a config's sliding window.
@@ -125,20 +125,31 @@ def _layer_windows(config: Any) -> tuple[int | None, ...]:
     return windows if any(w is not None for w in windows) else ()
 
 
+AnyLinear = Linear | Int8Linear | InvariantLinear
+
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Linear | Int8Linear  # hidden -> (heads + 2 * kv_heads) * head_dim
+    qkv: AnyLinear  # hidden -> (heads + 2 * kv_heads) * head_dim
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: Linear | Int8Linear
+    o: AnyLinear
     post_norm: torch.Tensor
-    gate_up: Linear | Int8Linear  # hidden -> 2 * intermediate
-    down: Linear | Int8Linear
+    gate_up: AnyLinear  # hidden -> 2 * intermediate
+    down: AnyLinear
 
 
 class LlamaForCausalLM:
-    """Forward passes of a packed batch over the paged KV cache."""
+    """Forward passes of a packed batch over the paged KV cache.
+
+    ``deterministic`` (deterministic inference): a token's logits are bitwise the same whatever
+    else is in its batch, however its prompt was chunked, and whether its prefix was computed
+    now or came from the cache. Every op that reduces over a batch-dependent shape takes a
+    batch-invariant form: the linears (``InvariantLinear``), attention (the kernels'
+    ``deterministic`` mode), and the rotary angles, looked up per position in a table made once
+    instead of computed over the batch's positions. Norms, activations and sums are row-wise.
+    """
 
     def __init__(
         self,
@@ -146,7 +157,8 @@ class LlamaForCausalLM:
         embed: torch.Tensor,
         layers: list[LayerWeights],
         norm: torch.Tensor,
-        lm_head: Linear,
+        lm_head: AnyLinear,
+        deterministic: bool = False,
     ) -> None:
         self.arch = arch
         self.embed = embed
@@ -157,6 +169,10 @@ class LlamaForCausalLM:
         self.device = embed.device
         self.inv_freq = inverse_frequencies(arch.head_dim, arch.rope_parameters).to(self.device)
         self.scale = arch.head_dim**-0.5
+        self.deterministic = deterministic
+        self.rope_table = (
+            RopeTable(self.inv_freq, arch.max_context, self.dtype) if deterministic else None
+        )
 
     @classmethod
     def from_folder(
@@ -166,11 +182,12 @@ class LlamaForCausalLM:
         device: str | torch.device = "cpu",
         config: Any = None,
         quantization: str = "none",
+        deterministic: bool = False,
     ) -> LlamaForCausalLM:
         """Load a Hugging Face folder (``config.json`` + ``*.safetensors``).
 
         ``quantization="int8"`` holds the layers' linear weights in int8 (``Int8Linear``); the
-        embeddings, norms and the output layer keep ``dtype``.
+        embeddings, norms and the output layer keep ``dtype``. ``deterministic``: see the class.
         """
         path = Path(path)
         if config is None:
@@ -187,8 +204,8 @@ class LlamaForCausalLM:
         def maybe(name: str) -> torch.Tensor | None:
             return load(name) if weights.has(name) else None
 
-        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear | Int8Linear:
-            return make_linear(weight, bias, quantization)
+        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> AnyLinear:
+            return make_linear(weight, bias, quantization, deterministic)
 
         layers = []
         for i in range(arch.num_layers):
@@ -218,8 +235,10 @@ class LlamaForCausalLM:
             )
         embed = load("model.embed_tokens.weight")
         tied = arch.tie_word_embeddings or not weights.has("lm_head.weight")
-        lm_head = Linear(embed if tied else load("lm_head.weight"))
-        return cls(arch, embed, layers, load("model.norm.weight"), lm_head)
+        lm_head = make_linear(
+            embed if tied else load("lm_head.weight"), deterministic=deterministic
+        )
+        return cls(arch, embed, layers, load("model.norm.weight"), lm_head, deterministic)
 
     @property
     def num_parameter_bytes(self) -> int:
@@ -228,8 +247,7 @@ class LlamaForCausalLM:
         for layer in self.layers:
             parts += [t for t in vars(layer).values() if t is not None]
         return sum(
-            p.num_bytes if isinstance(p, Linear | Int8Linear) else p.numel() * p.element_size()
-            for p in parts
+            p.num_bytes if isinstance(p, AnyLinear) else p.numel() * p.element_size() for p in parts
         )
 
     @torch.inference_mode()
@@ -239,7 +257,11 @@ class LlamaForCausalLM:
         heads, kv_heads, head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
         tokens = batch.num_tokens
         n_ext, n_ext_seqs = batch.num_extend_tokens, batch.num_extend_seqs
-        cos, sin = cos_sin(self.inv_freq, batch.positions, self.dtype)
+        if self.rope_table is not None:
+            cos, sin = self.rope_table.lookup(batch.positions)
+        else:
+            cos, sin = cos_sin(self.inv_freq, batch.positions, self.dtype)
+        deterministic = self.deterministic
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         eps = arch.rms_norm_eps
 
@@ -266,7 +288,7 @@ class LlamaForCausalLM:
             window = arch.window_of(i)
             plan = plans.get(window)
             if plan is None:
-                plan = plans[window] = _AttentionPlans.build(batch, cache, q, window)
+                plan = plans[window] = _AttentionPlans.build(batch, cache, q, window, deterministic)
             attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, plan)
             residual = residual + layer.o(attn.view(tokens, q_width))
             normed = _rms_norm(residual, layer.post_norm, eps)
@@ -288,7 +310,7 @@ class LlamaForCausalLM:
     ) -> torch.Tensor:
         s = n_ext_seqs
         host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
-        decode_plan, window = plans.decode, plans.window
+        decode_plan, window, det = plans.decode, plans.window, plans.deterministic
         if n_ext_seqs == batch.num_seqs:
             return kernels.extend_attention(
                 q,
@@ -305,7 +327,7 @@ class LlamaForCausalLM:
             )
         if n_ext_seqs == 0:
             return kernels.decode_attention(
-                q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan, window
+                q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan, window, det
             )
         out = torch.empty_like(q)
         out[:n_ext] = kernels.extend_attention(
@@ -329,6 +351,7 @@ class LlamaForCausalLM:
             self.scale,
             decode_plan,
             window,
+            det,
         )
         return out
 
@@ -339,12 +362,19 @@ class _AttentionPlans:
     of that window and shared by all its layers."""
 
     decode: kernels.AttentionPlan | None
-    extend: kernels.NativePlan | None  # set where the native kernel runs the extends
+    # Set where the native kernel runs the extends, and always when deterministic.
+    extend: kernels.ExtendPlan | None
     window: int | None
+    deterministic: bool
 
     @classmethod
     def build(
-        cls, batch: ForwardBatch, cache: kernels.PagedKV, q: torch.Tensor, window: int | None
+        cls,
+        batch: ForwardBatch,
+        cache: kernels.PagedKV,
+        q: torch.Tensor,
+        window: int | None,
+        deterministic: bool = False,
     ) -> _AttentionPlans:
         s = batch.num_extend_seqs
         decode = extend = None
@@ -355,14 +385,20 @@ class _AttentionPlans:
                 cache,
                 q[batch.num_extend_tokens :],
                 window,
+                deterministic,
             )
         if s > 0:
             # The layer stores the new tokens' K/V before attention, as the native plan needs.
             host_lens = (batch.host_prefix_lens[:s], batch.host_extend_lens[:s])
             extend = kernels.plan_extend(
-                batch.block_tables[:s], host_lens, cache, q[: batch.num_extend_tokens], window
+                batch.block_tables[:s],
+                host_lens,
+                cache,
+                q[: batch.num_extend_tokens],
+                window,
+                deterministic,
             )
-        return cls(decode, extend, window)
+        return cls(decode, extend, window, deterministic)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -56,6 +56,21 @@ def cos_sin(
     )
 
 
+class RopeTable:
+    """``cos_sin`` for every position up to ``max_positions``, computed once: a lookup gives a
+    position the same values in any batch (deterministic inference). Computing them per batch
+    may not: a vectorised cos and its scalar tail can differ in the last bit, and where an
+    element falls depends on the batch's length."""
+
+    def __init__(self, inv_freq: torch.Tensor, max_positions: int, dtype: torch.dtype) -> None:
+        positions = torch.arange(max_positions, device=inv_freq.device)
+        cos, sin = cos_sin(inv_freq, positions, dtype)
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[tokens, heads, head_dim]`` by the half-split rotary convention.
 
