@@ -49,6 +49,7 @@ def test_auto_on_a_cpu_is_bfloat16_only_with_native_bf16(cpuinfo, native):
 
 
 def test_auto_reads_the_machines_cpuinfo(tmp_path, monkeypatch):
+    monkeypatch.delenv(dtype_choice.AUTO_DTYPE_ENV, raising=False)
     path = tmp_path / "cpuinfo"
     monkeypatch.setattr(dtype_choice, "CPUINFO", path)
     assert auto_dtype("cpu") == torch.float32  # no such file (macOS, Windows)
@@ -84,3 +85,20 @@ def test_other_devices_and_named_dtypes():
 def test_auto_on_a_real_cuda_device():
     native = torch.cuda.get_device_capability() >= (8, 0)
     assert auto_dtype("cuda") == (torch.bfloat16 if native else torch.float32)
+
+
+def test_the_environment_can_force_what_auto_picks(tmp_path, monkeypatch):
+    """RADIXLANG_AUTO_DTYPE: a machine without native bfloat16 runs what "auto" picks on one
+    with it (how CI exercises the bfloat16 path); explicit dtypes are left alone."""
+    path = tmp_path / "cpuinfo"
+    path.write_text(WITHOUT_BF16)
+    monkeypatch.setattr(dtype_choice, "CPUINFO", path)
+    monkeypatch.setenv(dtype_choice.AUTO_DTYPE_ENV, "bfloat16")
+    assert choose_dtype("auto", "cpu") == torch.bfloat16
+    assert choose_dtype("float32", "cpu") == "float32"
+    monkeypatch.setenv(dtype_choice.AUTO_DTYPE_ENV, "float32")
+    path.write_text(WITH_AMX)
+    assert choose_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setenv(dtype_choice.AUTO_DTYPE_ENV, "int4")
+    with pytest.raises(ValueError, match="RADIXLANG_AUTO_DTYPE must be one of"):
+        choose_dtype("auto", "cpu")
