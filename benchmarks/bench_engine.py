@@ -11,6 +11,11 @@ For each dtype (float32 and bfloat16 by default), on the default model:
     transformers setting (target: at least 3x).
 (b) Time to first token of a request whose 1,000-token prefix is cached, against the same kind
     of request on a cold cache (target: at least 10x lower), alternating cold and hot requests.
+(c) With ``--deterministic``: what deterministic inference costs. Tokens/s at batch 1, 8 and
+    64 (the first 1, 8 or 64 of 64 requests of 128-token prompts, 64 new tokens each) and the
+    time of a 1,000-token prefill, on an engine with ``deterministic=True`` against one without,
+    the two alternating ``--det-repeats`` times. Also whether the first request's tokens are
+    the same at every batch size (they must be with the mode).
 The ratios are what to read: the machines are shared and noisy. transformers runs first, on
 short-lived threads, then the engine, so that only one thread owns an OpenMP team at a time.
 """
@@ -199,6 +204,66 @@ def bench_ttft(engine: Engine, args: argparse.Namespace, vocab: int) -> dict[str
     }
 
 
+DET_BATCHES = (1, 8, 64)
+MODES = ("default", "deterministic")
+
+
+def bench_deterministic(files: Any, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s at batch 1, 8 and 64 and a 1,000-token prefill, with and without the mode; one
+    engine at a time (each on its own thread, shut down before the next starts)."""
+    vocab = files.config.vocab_size
+    prompts = random_prompts(max(DET_BATCHES), args.prompt_tokens, vocab, seed=3)
+    (long_prompt,) = random_prompts(1, args.prefix_tokens, vocab, seed=4)
+    new_tokens = args.det_new_tokens
+    runs: dict[str, dict[str, list[float]]] = {
+        mode: {**{f"b{b}": [] for b in DET_BATCHES}, "prefill_ms": []} for mode in MODES
+    }
+    first_outputs: dict[str, dict[int, list[int]]] = {mode: {} for mode in MODES}
+    for repeat in range(args.det_repeats):
+        for mode in MODES:
+            engine = Engine(
+                files,
+                dtype=dtype,
+                device=args.device,
+                kv_memory=args.kv_memory,
+                overlap=args.overlap,
+                cuda_graphs=args.cuda_graphs,
+                deterministic=mode == "deterministic",
+            )
+            try:
+                engine_generate(engine, prompts[:2], 2)  # warm up
+                for b in DET_BATCHES:
+                    seconds, outputs = engine_generate(engine, prompts[:b], new_tokens)
+                    runs[mode][f"b{b}"].append(b * new_tokens / seconds)
+                    first_outputs[mode][b] = outputs[0]
+                engine.flush_cache()
+                start = time.perf_counter()
+                engine.generate(long_prompt, {"temperature": 0, "max_new_tokens": 1})
+                runs[mode]["prefill_ms"].append((time.perf_counter() - start) * 1e3)
+            finally:
+                engine.shutdown()
+            line = ", ".join(f"b{b} {runs[mode][f'b{b}'][-1]:.1f} tok/s" for b in DET_BATCHES)
+            print(f"  {mode} #{repeat + 1}: {line}, "
+                  f"prefill {runs[mode]['prefill_ms'][-1]:.0f} ms", flush=True)  # fmt: skip
+    result: dict[str, Any] = {"new_tokens": new_tokens, "repeats": args.det_repeats, "runs": runs}
+    cost = {}
+    for key in [f"b{b}" for b in DET_BATCHES]:
+        fast, slow = statistics.median(runs["default"][key]), statistics.median(runs[MODES[1]][key])
+        cost[key] = {"default_tok_s": fast, "deterministic_tok_s": slow, "slowdown": fast / slow}
+    fast = statistics.median(runs["default"]["prefill_ms"])
+    slow = statistics.median(runs["deterministic"]["prefill_ms"])
+    cost["prefill"] = {"default_ms": fast, "deterministic_ms": slow, "slowdown": slow / fast}
+    result["cost"] = cost
+    # The first request's tokens at every batch size: one answer with the mode.
+    result["first_request_same_at_every_batch"] = {
+        mode: len({tuple(first_outputs[mode][b]) for b in DET_BATCHES}) == 1 for mode in MODES
+    }
+    for key, c in cost.items():
+        print(f"  {key}: {c['slowdown']:.2f}x slower with the mode", flush=True)
+    print(f"  first request same at every batch: {result['first_request_same_at_every_batch']}")
+    return result
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -206,7 +271,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = result["runs"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    with_det = all("deterministic" in run for run in runs)
+    fig, axes = plt.subplots(1, 3 if with_det else 2, figsize=(16 if with_det else 11, 4))
+    ax1, ax2 = axes[0], axes[1]
     names = ["radixlang"] + [f"transformers_b{b}" for b in result["config"]["hf_batches"]]
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -228,6 +295,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax2.set_ylabel("time to first token, ms (log)")
     ax2.set_title(f"(b) {result['config']['prefix_tokens']}-token prefix")
     ax2.legend()
+    if with_det:
+        ax3 = axes[2]
+        keys = [f"b{b}" for b in DET_BATCHES] + ["prefill"]
+        for j, run in enumerate(runs):
+            values = [run["deterministic"]["cost"][k]["slowdown"] for k in keys]
+            ax3.bar([i + j * 0.4 for i in range(len(keys))], values, 0.4, label=run["dtype"])
+        ax3.axhline(1.0, color="grey", linewidth=0.8)
+        ax3.set_xticks([i + 0.2 for i in range(len(keys))])
+        ax3.set_xticklabels(["batch 1", "batch 8", "batch 64", "1k prefill"])
+        ax3.set_ylabel("time with the mode / without")
+        ax3.set_title("(c) the cost of deterministic=True")
+        ax3.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -258,6 +337,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="decode steps as CUDA graph replays (default: the engine's, on for CUDA)",
     )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="also measure deterministic inference's cost: batch 1/8/64 and a 1,000-token "
+        "prefill with and without it",
+    )
+    parser.add_argument("--det-new-tokens", type=int, default=64)
+    parser.add_argument("--det-repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
 
@@ -279,9 +366,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         throughput = bench_throughput(files, resolve_dtype(name), args)
         ttft = throughput.pop("ttft")
         stats = throughput.pop("engine_stats")
-        result["runs"].append(
-            {"dtype": name, "throughput": throughput, "ttft": ttft, "engine_stats": stats}
-        )
+        run = {"dtype": name, "throughput": throughput, "ttft": ttft, "engine_stats": stats}
+        if args.deterministic:
+            print(f"{name}, deterministic inference's cost:", flush=True)
+            run["deterministic"] = bench_deterministic(files, resolve_dtype(name), args)
+        result["runs"].append(run)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_engine.json").write_text(json.dumps(result, indent=2, default=str))
     plot(result, args.out / "bench_engine.png")

@@ -51,10 +51,22 @@ def test_bench_engine_writes_json_and_plot(tmp_path):
     args = ["--model", str(folder), "--dtypes", "float32", "--requests", "6"]
     args += ["--prompt-tokens", "8", "--new-tokens", "5", "--hf-batches", "2", "4"]
     args += ["--prefix-tokens", "60", "--suffix-tokens", "4", "--ttft-repeats", "2"]
-    args += ["--kv-memory", "4MiB"]
+    args += [
+        "--kv-memory",
+        "4MiB",
+        "--deterministic",
+        "--det-new-tokens",
+        "3",
+        "--det-repeats",
+        "1",
+    ]
     result = bench.main([*args, "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "bench_engine.json").read_text())
     (run,) = saved["runs"]
+    cost = run["deterministic"]["cost"]
+    assert set(cost) == {"b1", "b8", "b64", "prefill"}
+    assert all(c["slowdown"] > 0 for c in cost.values())
+    assert run["deterministic"]["first_request_same_at_every_batch"]["deterministic"] is True
     throughput = run["throughput"]
     assert throughput["radixlang"]["tokens_per_s"] > 0
     # greedy on the same weights: the engine and transformers agree
