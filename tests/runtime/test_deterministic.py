@@ -208,6 +208,20 @@ def test_sliding_windows_are_batch_invariant(tmp_path, path, monkeypatch):
     runner_checks(runner, [21, 30, 9, 26, 13])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_weights_are_batch_invariant(folder, dtype):
+    """The int8 kernel sums each row in k order with the same tile code at every batch size,
+    so the mode takes it as it is."""
+    from radixlang.kernels import native_linear
+
+    if not native_linear.available():
+        pytest.skip("the native kernels did not build here")
+    runner = ModelRunner(
+        folder, dtype=dtype, num_blocks=128, block_size=4, quantization="int8", deterministic=True
+    )
+    runner_checks(runner, [21, 30, 9, 26, 13])
+
+
 # ---- the kernels ------------------------------------------------------------------------------
 
 
