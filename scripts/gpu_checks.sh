@@ -27,7 +27,7 @@ if [[ $stage != bench ]]; then
 timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest -q -m gpu -p no:cacheprovider \
     tests/kernels tests/runtime/test_model_parity.py tests/runtime/test_engine.py \
     tests/runtime/test_sampling.py tests/runtime/test_cuda_graphs.py \
-    tests/runtime/test_engine_overlap.py \
+    tests/runtime/test_engine_overlap.py tests/runtime/test_deterministic.py \
     2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 fi

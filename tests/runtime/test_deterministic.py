@@ -187,6 +187,7 @@ def runner_checks(runner: ModelRunner, lens: list[int]) -> None:
         assert torch.equal(mixed[i], batched[i]), f"decode {i} beside an extend"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs where no GPU is")
 @pytest.mark.parametrize("kind", ["llama", "mistral_window"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_triton_kernels_are_batch_invariant_under_the_interpreter(
@@ -197,6 +198,31 @@ def test_triton_kernels_are_batch_invariant_under_the_interpreter(
     runner = ModelRunner(path, dtype=dtype, num_blocks=64, block_size=4, deterministic=True)
     assert all(layer.qkv.kind == "triton" for layer in runner.model.layers)
     runner_checks(runner, [11, 18, 5, 14])
+
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_a_gpu_the_runner_is_batch_invariant(folder, dtype):
+    """Compiled Triton kernels, the fixed-tile matmul, CUDA graphs for the decodes."""
+    runner = ModelRunner(
+        folder, dtype=dtype, device="cuda", num_blocks=128, block_size=4, deterministic=True
+    )
+    runner_checks(runner, [21, 30, 9, 26, 13])
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_a_gpu_every_request_gets_the_same_bits_alone_and_in_mixed_batches(folder, dtype):
+    requests = random_requests(200)
+    want = alone(folder, requests, dtype=dtype, device="cuda", deterministic=True)
+    got, _ = together(folder, requests, dtype=dtype, device="cuda", deterministic=True)
+    differ = [i for i in range(len(requests)) if got[i] != want[i]]
+    assert differ == [], f"{len(differ)} of {len(requests)} requests differ, first {differ[:5]}"
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
