@@ -109,6 +109,20 @@ def transformers_generate(
     return time.perf_counter() - start, outputs
 
 
+def make_engine(
+    files: Any, dtype: torch.dtype, args: argparse.Namespace, deterministic: bool = False
+) -> Engine:
+    return Engine(
+        files,
+        dtype=dtype,
+        device=args.device,
+        kv_memory=args.kv_memory,
+        overlap=args.overlap,
+        cuda_graphs=args.cuda_graphs,
+        deterministic=deterministic,
+    )
+
+
 def engine_generate(
     engine: Engine, prompts: list[list[int]], new_tokens: int
 ) -> tuple[float, list[list[int]]]:
@@ -141,14 +155,7 @@ def bench_throughput(files: Any, dtype: torch.dtype, args: argparse.Namespace) -
             f"  transformers b{batch}: {seconds:.1f} s, {generated / seconds:.1f} tok/s", flush=True
         )
     del hf
-    engine = Engine(
-        files,
-        dtype=dtype,
-        device=args.device,
-        kv_memory=args.kv_memory,
-        overlap=args.overlap,
-        cuda_graphs=args.cuda_graphs,
-    )
+    engine = make_engine(files, dtype, args)
     result["overlap"], result["cuda_graphs"] = engine.overlap, engine.runner.cuda_graphs
     try:
         engine_generate(engine, prompts[:2], 2)  # warm up
@@ -221,15 +228,7 @@ def bench_deterministic(files: Any, dtype: torch.dtype, args: argparse.Namespace
     first_outputs: dict[str, dict[int, list[int]]] = {mode: {} for mode in MODES}
     for repeat in range(args.det_repeats):
         for mode in MODES:
-            engine = Engine(
-                files,
-                dtype=dtype,
-                device=args.device,
-                kv_memory=args.kv_memory,
-                overlap=args.overlap,
-                cuda_graphs=args.cuda_graphs,
-                deterministic=mode == "deterministic",
-            )
+            engine = make_engine(files, dtype, args, deterministic=mode == "deterministic")
             try:
                 engine_generate(engine, prompts[:2], 2)  # warm up
                 for b in DET_BATCHES:

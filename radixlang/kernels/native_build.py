@@ -85,9 +85,11 @@ def _compiler_version(compiler: str) -> str:
 
 def library_path(name: str, compiler: str) -> Path:
     source = (SOURCE_DIR / f"{name}.cpp").read_bytes()
+    # The shared headers too: a changed header builds every library afresh.
+    headers = b"".join(p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.h")))
     key = hashlib.sha256()
     flags = " ".join((*compile_flags(name), *LINK_FLAGS)).encode()
-    for part in (source, flags, _compiler_version(compiler).encode()):
+    for part in (source, headers, flags, _compiler_version(compiler).encode()):
         key.update(part)
     key.update(_machine_fingerprint().encode())
     return cache_root() / f"{name}-{key.hexdigest()[:16]}.so"

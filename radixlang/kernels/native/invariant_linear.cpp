@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "floats.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define RADIXLANG_AVX512 1
@@ -35,7 +37,8 @@
 
 namespace {
 
-enum Dtype : int { F32 = 0, BF16 = 1, F16 = 2 };
+using namespace radixlang;
+
 enum Layout : int { PLAIN = 0, PAIRS = 1 };
 
 #if defined(RADIXLANG_AVX512)
@@ -51,32 +54,6 @@ constexpr int MR = 4;
 // Rows per task: a thread takes (panel, row block) tasks, panel by panel, so a panel stays in
 // its cache while the rows stream past it.
 constexpr int64_t ROW_BLOCK = 8 * MR;
-
-inline float bf16_to_float(uint16_t x) {
-    uint32_t bits = static_cast<uint32_t>(x) << 16;
-    float out;
-    std::memcpy(&out, &bits, sizeof(out));
-    return out;
-}
-
-inline uint16_t float_to_bf16(float x) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even, as torch does
-    return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float load_weight(const void* base, int64_t i, int dtype) {
-    switch (dtype) {
-        case BF16:
-            return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-        case F16:
-            return static_cast<float>(static_cast<const _Float16*>(base)[i]);
-        default:
-            return static_cast<const float*>(base)[i];
-    }
-}
 
 inline size_t dtype_size(int dtype) { return dtype == F32 ? 4 : 2; }
 
@@ -176,7 +153,7 @@ inline void load_panel_row(const void* panel, int64_t k, __m256& lo, __m256& hi)
         hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
 #else
         alignas(32) float tmp[PANEL];
-        for (int j = 0; j < PANEL; ++j) tmp[j] = load_weight(p, j, F16);
+        for (int j = 0; j < PANEL; ++j) tmp[j] = load(p, j, F16);
         lo = _mm256_load_ps(tmp);
         hi = _mm256_load_ps(tmp + 8);
 #endif
@@ -214,7 +191,7 @@ void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
         float acc[PANEL] = {0};
         for (int64_t k = 0; k < k_total; ++k) {
             const float xv = x[r * ldx + k];
-            for (int j = 0; j < PANEL; ++j) acc[j] += xv * load_weight(panel, k * PANEL + j, WD);
+            for (int j = 0; j < PANEL; ++j) acc[j] += xv * load(panel, k * PANEL + j, WD);
         }
         std::memcpy(out[r], acc, sizeof(acc));
     }
