@@ -62,6 +62,8 @@ def random_requests(n: int, seed: int = 0) -> list[Request]:
             "return_logprob": True,
             "top_logprobs_num": rng.choice([0, 0, 2]),
         }
+        if rng.random() < 0.1:  # prompt logprobs too, from a random position
+            sampling["logprob_start_len"] = rng.randrange(len(prompt))
         if rng.random() < 0.5:
             sampling["temperature"] = 0.0
         else:
@@ -71,7 +73,12 @@ def random_requests(n: int, seed: int = 0) -> list[Request]:
 
 
 def outcome(result) -> tuple:
-    return (result.output_ids, result.output_logprobs, result.output_top_logprobs)
+    return (
+        result.output_ids,
+        result.output_logprobs,
+        result.output_top_logprobs,
+        result.prompt_logprobs,
+    )
 
 
 def alone(folder, requests, **engine_kw) -> list[tuple]:
