@@ -270,6 +270,21 @@ async def merged_events(
 ) -> AsyncIterator[tuple[int, StreamEvent | GenerationResult]]:
     """Every handle's events as they come, tagged with the handle's index; each handle's last
     item is its result. Leaving early (a client gone) aborts every request still running."""
+    batches = event_batches(handles)
+    try:
+        async for batch in batches:
+            for item in batch:
+                yield item
+    finally:
+        await batches.aclose()
+
+
+async def event_batches(
+    handles: Sequence[RequestHandle],
+) -> AsyncIterator[list[tuple[int, StreamEvent | GenerationResult]]]:
+    """:func:`merged_events`, as lists: each holds every item that had come when the list was
+    taken (so a stream may send what came together as one piece). Leaving early (a client gone)
+    aborts every request still running."""
     queue: asyncio.Queue[tuple[int, StreamEvent | GenerationResult]] = asyncio.Queue()
 
     async def pump(i: int, handle: RequestHandle) -> None:
@@ -281,9 +296,11 @@ async def merged_events(
     try:
         finished = 0
         while finished < len(handles):
-            item = await queue.get()
-            yield item
-            finished += isinstance(item[1], GenerationResult)
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            yield batch
+            finished += sum(isinstance(item, GenerationResult) for _, item in batch)
     finally:
         for task in tasks:
             task.cancel()

@@ -38,6 +38,7 @@ from radixlang.runtime.request import (
     FinishReason,
     GenerateRequest,
     GenerationResult,
+    StreamEvent,
     TopLogprobs,
 )
 from radixlang.runtime.sampling import STRUCTURED_OUTPUT
@@ -48,7 +49,7 @@ from radixlang.server.common import (
     TokenTexts,
     cache_salt,
     engine_failure,
-    merged_events,
+    event_batches,
     parse_body,
     read_json,
     results_unless_disconnected,
@@ -347,39 +348,76 @@ async def _stream(
     ``meta_info`` holds the token counts and, with ``return_logprob``, the logprobs of this
     chunk's tokens only (``output_token_logprobs_length`` counts them all so far), as SGLang's
     incremental streaming sends them. The last chunk is the result, with the prompt's logprobs.
+
+    A chunk carries everything a request's handle had when it was sent: the events that came
+    together make one chunk, and the last token's event goes out in the result's chunk, as
+    SGLang's last chunk carries its last tokens with the finish reason. Never two chunks for
+    what came at once: SGLang's frontend keeps only the latest chunk's ``meta_info`` when two
+    land between its reads, and would lose the first one's logprobs.
     """
     sofar = [""] * len(handles)
     ids: list[list[int]] = [[] for _ in handles]
-    async for i, event in merged_events(handles):
-        item = items[i]
-        if isinstance(event, GenerationResult):
-            if event.finish_reason is FinishReason.ERROR:
-                yield sse(engine_failure(event).body())
-                continue
-            chunk = result_body(event, item, texts, body.return_prompt_token_ids, len(ids[i]))
-        else:
-            if not event.text and not event.token_ids:
-                continue
-            sofar[i] += event.text
-            ids[i] += event.token_ids
-            meta: dict[str, Any] = {
-                "id": event.request_id,
-                "prompt_tokens": len(prompts[i]),
-                # Known once the prompt is admitted; an engine whose events do not carry it
-                # reports 0 until the last chunk, which has the result's figure.
-                "cached_tokens": getattr(event, "cached_tokens", None) or 0,
-                "completion_tokens": len(ids[i]),
-                "finish_reason": None,
-            }
-            if item.return_logprob:
-                pairs = list(zip(event.token_ids, event.logprobs, strict=False))
-                meta["output_token_logprobs"] = _triples(pairs, texts)
-                meta["output_top_logprobs"] = _top_triples(event.top_logprobs, texts)
-                meta["output_token_logprobs_length"] = len(ids[i])
-            chunk = {"text": sofar[i], "output_ids": list(ids[i]), "meta_info": meta}
-            if body.return_prompt_token_ids:
-                chunk["prompt_token_ids"] = prompts[i]
-        if as_list:
-            chunk["index"] = i
-        yield sse(chunk)
+    held: list[list[StreamEvent]] = [[] for _ in handles]  # not sent yet
+    async for batch in event_batches(handles):
+        results: dict[int, GenerationResult] = {}
+        for i, event in batch:
+            if isinstance(event, GenerationResult):
+                results[i] = event
+            else:
+                held[i].append(event)
+        for i in dict.fromkeys(j for j, _ in batch):  # each request once, in order of arrival
+            item = items[i]
+            result = results.get(i)
+            if result is not None:
+                held[i] = []  # the result has them all
+                if result.finish_reason is FinishReason.ERROR:
+                    yield sse(engine_failure(result).body())
+                    continue
+                chunk = result_body(result, item, texts, body.return_prompt_token_ids, len(ids[i]))
+            elif held[i] and held[i][-1].finished:
+                continue  # the result is on its way: its chunk carries these
+            else:
+                events, held[i] = held[i], []
+                new_ids = [t for e in events for t in e.token_ids]
+                new_text = "".join(e.text for e in events)
+                if not new_text and not new_ids:
+                    continue
+                sofar[i] += new_text
+                ids[i] += new_ids
+                chunk = _chunk(events, item, texts, sofar[i], ids[i], prompts[i], body)
+            if as_list:
+                chunk["index"] = i
+            yield sse(chunk)
     yield SSE_DONE
+
+
+def _chunk(
+    events: list[StreamEvent],
+    item: Item,
+    texts: TokenTexts | None,
+    text: str,
+    ids: list[int],
+    prompt: list[int],
+    body: GenerateBody,
+) -> dict[str, Any]:
+    """A stream chunk for ``events`` (one request's, unsent so far): ``text`` and ``ids`` are
+    everything so far, theirs included."""
+    meta: dict[str, Any] = {
+        "id": events[-1].request_id,
+        "prompt_tokens": len(prompt),
+        # Known once the prompt is admitted; an engine whose events do not carry it
+        # reports 0 until the last chunk, which has the result's figure.
+        "cached_tokens": getattr(events[-1], "cached_tokens", None) or 0,
+        "completion_tokens": len(ids),
+        "finish_reason": None,
+    }
+    if item.return_logprob:
+        pairs = [p for e in events for p in zip(e.token_ids, e.logprobs, strict=False)]
+        meta["output_token_logprobs"] = _triples(pairs, texts)
+        tops = [top for e in events for top in e.top_logprobs]
+        meta["output_top_logprobs"] = _top_triples(tops, texts)
+        meta["output_token_logprobs_length"] = len(ids)
+    chunk = {"text": text, "output_ids": list(ids), "meta_info": meta}
+    if body.return_prompt_token_ids:
+        chunk["prompt_token_ids"] = prompt
+    return chunk
