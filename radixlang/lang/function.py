@@ -22,6 +22,7 @@ from radixlang.lang.ir import SamplingDefaults
 from radixlang.lang.run_graph import report_run, start_recording
 from radixlang.lang.run_options import get_default_backend, resolve_backend, split_run_kwargs
 from radixlang.lang.state import ProgramState
+from radixlang.lang.streamed_runs import StreamedRun
 
 if TYPE_CHECKING:
     from radixlang.lang.graph import CallGraph
@@ -92,7 +93,11 @@ class Function:
                 )
             body = lambda: asyncio.run(self.func(*bound.args, **bound.kwargs))  # noqa: E731
         if stream:
-            start_program_thread(_finish, state, body, name="radixlang-program")
+            # Held by the state: a failure nobody reads is reported when the state goes, or at
+            # exit (streamed_runs.py).
+            state.streamed_run = StreamedRun(state.executor)
+            name = f"radixlang-program:{self.__name__}"
+            start_program_thread(_finish, state, body, False, state.streamed_run, name=name)
             return state
         return _finish(state, body, wait=True)
 
@@ -186,9 +191,15 @@ class Function:
         return CompiledFunction(self, backend)
 
 
-def _finish(state: ProgramState, body: Callable[[], Any], wait: bool = False) -> ProgramState:
+def _finish(
+    state: ProgramState,
+    body: Callable[[], Any],
+    wait: bool = False,
+    streamed: StreamedRun | None = None,
+) -> ProgramState:
     """Run the program body on ``state``; with ``wait``, wait for its generation and raise what
-    failed (the body's own exception first). A reporting backend then gets the run's graph."""
+    failed (the body's own exception first). A reporting backend then gets the run's graph.
+    A ``streamed`` run ends once every state of the run has settled."""
     failure: BaseException | None = None
     try:
         try:
@@ -206,6 +217,9 @@ def _finish(state: ProgramState, body: Callable[[], Any], wait: bool = False) ->
             state.executor.settle()
     finally:
         report_run(state.executor, failure)
+    if streamed is not None:
+        state.executor.sync_all()
+        streamed.end(failure)
     return state
 
 

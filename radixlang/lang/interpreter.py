@@ -17,7 +17,7 @@ import time
 import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from radixlang.lang.backends.base import Backend, StreamMeta
 from radixlang.lang.chat_template import ChatTemplate
@@ -134,6 +134,9 @@ class StateExecutor:
         self.cur_role_begin = 0
         self.fork_start: int | None = None
         self.error: BaseException | None = None
+        # The error was raised outside the programs' threads (to a reader of the state or its
+        # stream): a streamed run reports a failure nobody read (streamed_runs.py).
+        self.error_read = False
         self.program_done = Signal()  # the program body returned (streamed runs)
         self._signals: dict[str | None, Signal] = {}
         self._failed: set[str | None] = set()  # variables that an error left without a value
@@ -156,7 +159,7 @@ class StateExecutor:
     def submit(self, value: object) -> None:
         expr = as_expr(value)
         if self.error is not None:
-            raise self.error
+            self._raise_error()
         self._declare(expr)
         with self._cond:
             self._queue.append(expr)
@@ -174,10 +177,14 @@ class StateExecutor:
     def settle(self) -> None:
         """Wait for this state and every state forked from it, then raise the first error
         among them (this state's first)."""
-        for ex in self._tree():
-            ex.sync()
+        self.sync_all()
         for ex in self._tree():
             ex.raise_error()
+
+    def sync_all(self) -> None:
+        """Wait for this state and every state forked from it."""
+        for ex in self._tree():
+            ex.sync()
 
     async def settle_async(self) -> None:
         for ex in self._tree():
@@ -195,7 +202,22 @@ class StateExecutor:
 
     def raise_error(self) -> None:
         if self.error is not None:
-            raise self.error
+            self._raise_error()
+
+    def _raise_error(self) -> NoReturn:
+        if threading.current_thread() not in _program_threads:
+            self.error_read = True
+        raise self.error  # type: ignore[misc]
+
+    def unread_failure(self, program_error: BaseException | None) -> BaseException | None:
+        """A run's failure that was never raised outside the programs' threads: the program's
+        own exception (``program_error``), else the first error among this state and its
+        forks (what ``settle`` raises); None if there is none or a reader got it."""
+        tree = self._tree()
+        error = program_error or next((ex.error for ex in tree if ex.error is not None), None)
+        if error is None or any(ex.error is error and ex.error_read for ex in tree):
+            return None
+        return error
 
     def get_var(self, name: str | None) -> Any:
         self._inherited.wait()
@@ -226,11 +248,11 @@ class StateExecutor:
 
     def _value(self, name: str | None) -> Any:
         if name in self._failed:
-            raise self.error  # type: ignore[misc]
+            self._raise_error()
         if name in self.variables:
             return self.variables[name]
         if self.error is not None:
-            raise self.error
+            self._raise_error()
         raise KeyError(f"no variable {name!r} in this program state")
 
     def fork(self, size: int) -> list[StateExecutor]:

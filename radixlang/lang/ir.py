@@ -71,7 +71,11 @@ class Text(Expr):
 
 
 # Sampling keys that are not sent when unset, so that the backend's own default applies.
+# max_new_tokens among them: an engine (and a server) cuts its default (128) to what the
+# context window has left, but refuses a max_new_tokens given that does not fit, as SGLang's
+# and OpenAI's servers do. So a gen without max_tokens near the end of the context still runs.
 _OPTIONAL = (
+    "max_new_tokens",
     "seed",
     "repetition_penalty",
     "skip_special_tokens",
@@ -85,7 +89,7 @@ _OPTIONAL = (
 class SamplingDefaults:
     """A program run's defaults for every gen call (the keyword arguments of ``run``)."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = None  # None: the backend's default (128, cut to fit)
     min_new_tokens: int = 0
     stop: list[str] | str = dataclasses.field(default_factory=list)
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlang.lang.interpreter import StateExecutor
 from radixlang.lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
+
+if TYPE_CHECKING:
+    from radixlang.lang.streamed_runs import StreamedRun
 
 
 class ProgramState:
     def __init__(self, executor: StateExecutor) -> None:
         self.executor = executor
         self.ret_value: Any = None
+        # run(stream=True)'s: reports the run's failure if nobody reads it (streamed_runs.py).
+        self.streamed_run: StreamedRun | None = None
 
     # SGLang's name for the executor.
     @property
@@ -90,6 +95,8 @@ class ProgramState:
 
     def error(self) -> BaseException | None:
         self.executor.sync()
+        if self.executor.error is not None:
+            self.executor.error_read = True  # the caller has it: a streamed run reports nothing
         return self.executor.error
 
     # ---- roles and scopes ------------------------------------------------------------------

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -185,8 +185,10 @@ class Engine:
     (compilation runs on the caller's thread, never the engine's).
 
     ``max_context`` caps the context window below the model's (prompt plus output tokens per
-    request): longer prompts are refused and ``max_new_tokens`` is cut to fit, as at the
-    model's own limit.
+    request), with the same rules as at the model's own limit: longer prompts are refused, and
+    so is a ``max_new_tokens`` given that does not fit after the prompt (as SGLang and OpenAI
+    answer it); one left unset (the default, 128) is cut to fit. ``allow_auto_truncate``
+    (SGLang's name) cuts a given one to fit too, instead of refusing the request.
 
     ``kv_events`` makes the radix cache announce the blocks it stores and removes
     (``runtime/kv_events.py``; read them with :meth:`kv_events_since`): what a router in
@@ -238,6 +240,7 @@ class Engine:
         overlap: bool | None = None,
         cuda_graphs: bool | None = None,
         deterministic: bool = False,
+        allow_auto_truncate: bool = False,
     ) -> None:
         if max_context is not None and (
             not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
@@ -261,6 +264,11 @@ class Engine:
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
         self.deterministic = deterministic
+        if not isinstance(allow_auto_truncate, bool):
+            raise ValueError(
+                f"allow_auto_truncate must be True or False, got {allow_auto_truncate!r}"
+            )
+        self.allow_auto_truncate = allow_auto_truncate
         self.overlap = _choose_overlap(overlap, device, host_tier_memory)
         # Overlap: the device thread runs the model (and loads it: see boot() below); the step
         # it has not answered yet (see step()).
@@ -453,7 +461,11 @@ class Engine:
             )
         params = self._sampling_params(request.sampling)
         prompt_ids = self._prompt_ids(request)
-        self._check_fits(prompt_ids, params)
+        # An unset max_new_tokens (the default) is cut to fit; a given one must fit, unless
+        # allow_auto_truncate cuts it too.
+        given = request.sampling
+        unset = given is None or (isinstance(given, Mapping) and "max_new_tokens" not in given)
+        self._check_fits(prompt_ids, params, cut_to_fit=unset or self.allow_auto_truncate)
         constraint = self._constraint(request, params)
         healed, first_token_mask = "", None
         if params.token_healing and constraint is None and request.text is not None:
@@ -1571,12 +1583,21 @@ class Engine:
             raise RequestError("the prompt is empty")
         return ids
 
-    def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _check_fits(
+        self, prompt_ids: list[int], params: SamplingParams, cut_to_fit: bool = True
+    ) -> None:
         n = len(prompt_ids)
         if (n >= self.max_context and params.max_new_tokens > 0) or n > self.max_context:
             raise RequestError(
                 f"the prompt has {n} tokens; the model's context window is {self.max_context} "
                 f"tokens, which must also hold at least one generated token"
+            )
+        if not cut_to_fit and n + params.max_new_tokens > self.max_context:
+            raise RequestError(
+                f"max_new_tokens is {params.max_new_tokens}, but after the prompt's {n} tokens "
+                f"at most {self.max_context - n} fit in the context window of "
+                f"{self.max_context} tokens: ask for fewer (or let the engine cut it to fit: "
+                f"allow_auto_truncate)"
             )
         need = blocks_for(n + (params.max_new_tokens > 0), self.pool.block_size)
         window = self.runner.sliding_window

@@ -278,7 +278,7 @@ class OpenAIRoutes:
             where,
             prompt_field,
             request.app.state.max_queued_requests,
-            sampling_path=lambda i, field: _sampling_path(field, body.response_format),
+            sampling_path=lambda i, field: _sampling_path(field, body),
         )
         rid, created = f"{_ID_PREFIX[kind]}-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
@@ -568,10 +568,13 @@ def response_schema(response_format: dict[str, Any] | None) -> Any:
     return schema
 
 
-def _sampling_path(field: str, response_format: dict[str, Any] | None) -> str | None:
+def _sampling_path(field: str, body: _Body) -> str | None:
     """The body's name for a sampling field the engine refused."""
+    if field == "max_new_tokens":
+        given = getattr(body, "max_completion_tokens", None) is not None
+        return "max_completion_tokens" if given else "max_tokens"
     if field == "json_schema":
-        kind = (response_format or {}).get("type")
+        kind = (body.response_format or {}).get("type")
         return "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
     if field == "grammar":
         return "tools"

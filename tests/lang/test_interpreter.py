@@ -37,6 +37,18 @@ def test_gen_sees_the_text_so_far_and_run_defaults_fill_unset_fields(backend):
     assert state.get_meta_info("a")["prompt_tokens"] == len(p1)
 
 
+def test_an_unset_max_tokens_is_not_sent(backend):
+    # The backend's default applies, which an engine cuts to what the context window has left;
+    # a max_tokens given must fit.
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a") + sgl.gen("b", max_tokens=5)
+
+    prog.run(backend=backend)
+    (_, _, unset), (_, _, given) = backend.calls
+    assert "max_new_tokens" not in unset and given["max_new_tokens"] == 5
+
+
 def test_roles_in_both_forms_give_the_same_text_and_messages(backend):
     @sgl.function
     def expr_form(s):

@@ -238,16 +238,45 @@ def test_bad_flush_waits_are_refused(threaded, wait):
 
 # ---- max_context -----------------------------------------------------------------------------
 def test_max_context_caps_prompts_and_outputs(chat_model_dir):
-    from radixlang.runtime import RequestError
+    from radixlang.runtime import RequestError, SamplingParams
 
     engine = stepped(chat_model_dir, max_context=40)
     assert engine.max_context == 40 < engine.runner.max_context
     with pytest.raises(RequestError, match="context window is 40"):
         engine.submit(list(range(5, 45)), {"max_new_tokens": 4})
+    # A max_new_tokens given that does not fit is refused, with the numbers (as SGLang and
+    # OpenAI answer it); one that just fits is not.
+    prompt = list(range(5, 35))  # 30 tokens: 10 more fit
+    for asked, sampling in (
+        (100, {"max_new_tokens": 100}),
+        (11, SamplingParams(max_new_tokens=11)),
+    ):
+        with pytest.raises(RequestError) as refused:
+            engine.submit(prompt, sampling)
+        message = str(refused.value)
+        assert message.startswith("max_new_tokens")  # the field, first (the server names it)
+        for number in (f"is {asked}", "30 tokens", "at most 10", "window of 40"):
+            assert number in message, message
+    fits = engine.submit(prompt, {"max_new_tokens": 10, "ignore_eos": True})
+    # Left unset, max_new_tokens is the default (128) cut to fit: nobody asked for more.
+    default = engine.submit(prompt, {"ignore_eos": True})
+    run(engine, [fits, default])
+    assert fits.result().completion_tokens == default.result().completion_tokens == 10
+    engine.check_integrity()
+
+
+def test_allow_auto_truncate_cuts_max_new_tokens_to_fit(chat_model_dir):
+    from radixlang.runtime import RequestError
+
+    engine = stepped(chat_model_dir, max_context=40, allow_auto_truncate=True)
     handle = engine.submit(list(range(5, 35)), {"max_new_tokens": 100, "ignore_eos": True})
     run(engine, [handle])
     assert handle.result().completion_tokens == 10  # cut to fit 40 tokens in all
+    with pytest.raises(RequestError, match="context window is 40"):  # a prompt is never cut
+        engine.submit(list(range(5, 45)), {"max_new_tokens": 4})
     engine.check_integrity()
+    with pytest.raises(ValueError, match="allow_auto_truncate must be True or False"):
+        Engine("no-such-model", allow_auto_truncate="yes")
 
 
 @pytest.mark.parametrize("cap", [0, -3, 2.5, True])

@@ -36,6 +36,10 @@ def test_the_snapshot_describes_the_engine_and_matches_metrics(client, engine):
     snap = client.get("/dashboard/api/snapshot").json()
     assert snap["model"] == engine.files.name
     scraped = metrics.parse(client.get("/metrics").text)
+    # Every engine figure of /metrics (all but the HTTP counters), none missing, none extra.
+    engine_figures = {name for name in scraped if not name.startswith(metrics.PREFIX + "http_")}
+    assert set(snap["metrics"]) == engine_figures
+    assert snap["metrics"][metrics.PREFIX + "generated_tokens_total"] >= 8  # this test's 2 x 4
     for name, value in snap["metrics"].items():  # idle: nothing moves between the two reads
         if not name.endswith("per_second"):
             assert scraped[name] == pytest.approx(value), name

@@ -42,6 +42,8 @@ CASES = [
     ("/generate", {"text": "a", "sampling_params": {"stop": [""]}}, None, 400,
      "sampling_params.stop"),
     ("/generate", {"text": LONG}, None, 400, "text"),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 5000}}, None, 400,
+     "sampling_params.max_new_tokens"),
     ("/generate", {"input_ids": [1, 10**9]}, None, 400, "input_ids"),
     ("/generate", {"input_ids": []}, None, 400, "input_ids"),
     ("/generate", {"text": ["a", "b"], "sampling_params": [{}]}, None, 400, "sampling_params"),
@@ -65,6 +67,8 @@ CASES = [
      "logprobs"),
     ("/v1/completions", {"model": "default", "prompt": "x", "suffix": "y"}, None, 400, "suffix"),
     ("/v1/completions", {"model": "default", "prompt": LONG}, None, 400, "prompt"),
+    ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 5000}, None, 400,
+     "max_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": "hi"}, None, 400, "messages"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "wizard", "content": "x"}]},
      None, 400, "messages.0.role"),
@@ -73,6 +77,9 @@ CASES = [
     ("/v1/chat/completions", {**OK_CHAT, "temperature": -1}, None, 400, "temperature"),
     ("/v1/chat/completions", {**OK_CHAT, "top_p": 1.5}, None, 400, "top_p"),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": "ten"}, None, 400, "max_tokens"),
+    ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 5000}, None, 400, "max_tokens"),
+    ("/v1/chat/completions", {**OK_CHAT, "max_completion_tokens": 5000}, None, 400,
+     "max_completion_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "response_format": {"type": "xml"}}, None, 400,
      "response_format.type"),
     ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, None, 400,
@@ -125,3 +132,29 @@ def test_the_server_still_serves_and_leaks_nothing(client, engine):
     assert out.json()["text"] == engine.generate("Still here?", greedy).text
     assert_no_leak(client)
     engine.check_integrity()
+
+
+def test_max_new_tokens_past_the_context_is_a_400_with_the_numbers(client, engine):
+    """As SGLang and OpenAI answer it: the prompt's tokens, the tokens asked for, the window.
+    Left unset, max_new_tokens (/generate's default, the chat's "what is left") is cut to fit."""
+    window = engine.max_context  # 1024 on the tiny model
+    ids = [10] * (window - 4)
+    greedy = {"temperature": 0, "ignore_eos": True}
+    r = client.post(
+        "/generate", json={"input_ids": ids, "sampling_params": {**greedy, "max_new_tokens": 5}}
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "sampling_params.max_new_tokens"
+    message = error["message"]
+    for number in ("is 5", f"{window - 4} tokens", "at most 4", f"window of {window}"):
+        assert number in message, message
+    r = client.post("/generate", json={"input_ids": ids, "sampling_params": greedy})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 4  # the default 128, cut to fit
+    body = {"model": "default", "prompt": ids, "max_tokens": 5}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    assert "is 5" in r.json()["error"]["message"]
+    assert client.post("/v1/completions", json={**body, "max_tokens": 4}).status_code == 200
+    assert_no_leak(client)

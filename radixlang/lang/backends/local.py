@@ -17,8 +17,9 @@ from radixlang.lang.chat_template import ChatTemplate, from_tokenizer
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 from radixlang.lang.interpreter import join_program_threads
 from radixlang.lang.run_options import runtime_made, with_runtime_defaults
+from radixlang.lang.streamed_runs import SHUTDOWN_ERRORS
 from radixlang.models import ModelFiles
-from radixlang.runtime.engine import Engine, shutdown_live_engines
+from radixlang.runtime.engine import Engine, EngineClosedError, shutdown_live_engines
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import GenerateRequest, GenerationResult
 
@@ -34,12 +35,16 @@ def _stop_programs_at_exit() -> None:
     here too keeps the order whichever runs first. Engines first: aborting their requests is
     what lets program threads blocked on a result go on, fail (the engine refuses new
     requests) and end. Then those threads are joined, so none is inside native code (a
-    tokenizer call) when finalization freezes daemon threads, which would abort the process."""
+    tokenizer call) when finalization freezes daemon threads, which would abort the process.
+    (Registered after ``streamed_runs``' exit hook, imported above, so it runs before it: the
+    streamed runs that the shutdown cuts short end at once, with ``EngineClosedError``, which
+    is not a failure to report.)"""
     shutdown_live_engines()
     join_program_threads(EXIT_JOIN_TIMEOUT_S)
 
 
 atexit.register(_stop_programs_at_exit)
+SHUTDOWN_ERRORS.append(EngineClosedError)
 
 
 class LocalBackend(Backend):
