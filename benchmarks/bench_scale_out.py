@@ -188,6 +188,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic inference: a request's tokens do not depend on its batch, "
+                   "so every setup generates the same text (the test's check)")  # fmt: skip
     p.add_argument("--kv-memory", default="256MiB", help="per replica")
     p.add_argument("--cpus-per-replica", type=int, default=1)
     p.add_argument("--programs", type=int, default=48)
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from radixlang.server.app import serve_in_thread
 
     init_ray(args.ray_address)
-    engine = {"dtype": args.dtype, "kv_memory": args.kv_memory}
+    engine = {"dtype": args.dtype, "kv_memory": args.kv_memory, "deterministic": args.deterministic}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in SETUPS}
     info: dict[str, Any] = {}
     for r in range(args.rounds):
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "bench_scale_out",
         "model": args.model,
         "dtype": info["dtype"],
+        "deterministic": args.deterministic,
         "kv_memory_per_replica": args.kv_memory,
         "cpus_per_replica": args.cpus_per_replica,
         "programs": args.programs,

@@ -47,10 +47,50 @@ def ray_cluster():
     cluster.shutdown()
 
 
+# The test command's xdist groups (``-n 2 --dist loadgroup``): a test file stays on one worker (its
+# module fixtures, a server or a loaded model, are made once), and every Ray test shares one
+# worker (one Ray cluster, not one per worker). xdist's own loadgroup reads ``xdist_group`` marks
+# and appends "@group" to each node id for its scheduler, but on pytest 9.2 (structured node ids)
+# that append no longer takes effect (pytest-dev/pytest-xdist#1386): every test was scheduled on
+# its own, a file's tests spread over both workers, each building the module's fixtures again.
+# So the scheduler below (xdist's hook) groups by node id itself. It sees node ids only, not
+# marks: the Ray tests are named here, and collection checks the names against the ``ray`` mark.
+RAY_TESTS = (
+    "tests/cluster/test_replicas.py::",
+    "tests/cluster/test_bench_scale_out.py::",
+    "tests/server/test_serve_command.py::test_serve_with_two_replicas_on_a_local_ray",
+    "tests/server/test_serve_command.py::test_serve_joins_a_ray_cluster",
+)
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """The worker group of a test: "ray", or its file."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's "@group" suffix, where it works
+        return nodeid.rsplit("@", 1)[1]
+    return "ray" if nodeid.startswith(RAY_TESTS) else nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (``-n 2 --dist loadgroup``, the test command): a test file stays on
-    one worker (its module fixtures, a server or a loaded model, are made once), and every
-    Ray test shares one worker (one Ray cluster, not one per worker)."""
+    """The groups as ``xdist_group`` marks too (what loadgroup reads where it works), and a
+    Ray test missing from ``RAY_TESTS`` (or a name there that is not one) is an error."""
     for item in items:
-        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
+        group = xdist_group_of(item.nodeid)
+        if (group == "ray") != (item.get_closest_marker("ray") is not None):
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test marked ray must be named in RAY_TESTS (tests/conftest.py)"
+                " and a test named there must be marked ray"
+            )
         item.add_marker(pytest.mark.xdist_group(group))

@@ -10,7 +10,9 @@ DTYPE_REGEXES: dict[str, str] = {
     "int": r"[-+]?[0-9]+",
     "float": r"[-+]?[0-9]*\.?[0-9]+",
     "bool": r"(True|False)",
-    "str": r'"[^"\n]*"',
+    # A JSON string: no raw control character (a tab or newline inside breaks json.loads of
+    # the object it is written into, as in SGLang's test_decode_json), only JSON's escapes.
+    "str": r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',
 }
 
 

@@ -242,9 +242,10 @@ def _parse_dtype(name: str | None, dtype: Any, text: str) -> Any:
                 return text == "True"
             raise ValueError(f"{text!r} is not True or False")
         if kind == "str":
-            if len(text) >= 2 and text[0] == text[-1] == '"':
-                return text[1:-1]
-            raise ValueError(f"{text!r} is not a double-quoted string")
+            value = json.loads(text) if text.startswith('"') else None
+            if isinstance(value, str):
+                return value  # the JSON string decoded: its escapes read
+            raise ValueError(f"{text!r} is not a double-quoted JSON string")
     except ValueError as e:
         raise StructuredOutputError(f"s.parsed({name!r}): the output is not a {kind}: {e}") from e
     raise StructuredOutputError(f"s.parsed({name!r}): unknown dtype {dtype!r}")

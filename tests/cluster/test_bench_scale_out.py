@@ -12,12 +12,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/bench_module.py
 from bench_module import load
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.compares_outputs]
 
 
 def test_bench_scale_out_quick_writes_json_and_plot(ray_cluster, chat_model_dir, tmp_path):
     bench = load("bench_scale_out")
-    args = ["--quick", "--model", str(chat_model_dir), "--kv-memory", "64MiB"]
+    # Deterministic: the setups batch the same programs otherwise, and the multi-turn chats feed
+    # each reply back into the next prompt, so prompt tokens are equal only if replies are.
+    args = ["--quick", "--model", str(chat_model_dir), "--kv-memory", "64MiB", "--deterministic"]
     bench.main([*args, "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "bench_scale_out.json").read_text())
     assert (tmp_path / "bench_scale_out.png").stat().st_size > 0

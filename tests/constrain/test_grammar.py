@@ -195,3 +195,18 @@ def test_a_grammar_slower_than_the_timeout_is_refused_and_stays_refused(tok):
         grammar._compile_pool.shutdown(wait=True)
         grammar._compile_pool = None  # made again at the next timed compilation
     assert compile_grammar("regex", "[0-9]{3}", tok, len(tok), [EOS], timeout=0.5)
+
+
+def test_a_str_dtype_gen_can_write_no_raw_control_character(tok):
+    """The grammar engine reads the str regex as Python does: inside the quotes no tab or
+    newline token is allowed (its JSON escape is), and the closing quote ends the value."""
+    from radixlang.constrain import dtype_regex
+
+    c = compiled(tok, "regex", dtype_regex(str)).new_constraint()
+    walk(tok, c, '"Europe')
+    allowed = set(c.allowed_mask().nonzero().flatten().tolist())
+    for raw in ("\t", "\n", "\r"):
+        token = tok.encode(raw, add_special_tokens=False)
+        assert len(token) == 1 and token[0] not in allowed, repr(raw)
+    walk(tok, c, '/Paris \\t"')
+    assert c.is_finished()

@@ -143,7 +143,7 @@ def test_native_windowed_split_rows_merge_exactly():
             q.data_ptr(), 0, case.cache.k.data_ptr(), case.cache.v.data_ptr(), 0,
             plan.block_tables.data_ptr(), plan.block_tables.stride(0), plan.q_seq.data_ptr(),
             plan.q_len.data_ptr(), plan.q_start.data_ptr(), len(lens), out.data_ptr(), 4, 2, 16,
-            4, 0.3, 2, split,
+            4, 0.3, 2, split, 0,  # uniform off
         )  # fmt: skip
         for i in range(len(lens)):
             torch.testing.assert_close(out[i : i + 1].double(), want[i], atol=1e-5, rtol=1e-5)

@@ -101,6 +101,7 @@ def test_a_prompt_past_the_context_window_is_a_clear_error(local_chat):
         local_chat.chat(messages, SAMPLING, 1)
 
 
+@pytest.mark.compares_outputs
 def test_a_set_seed_numbers_replies_so_forks_add_new_ones(local_chat):
     messages = [{"role": "user", "content": "Pick a number."}]
 

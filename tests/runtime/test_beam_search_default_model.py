@@ -73,6 +73,7 @@ def reference(files, prompts, eos: list[int]) -> dict[tuple[int, int], list[int]
 
 @pytest.mark.slow
 def test_beams_on_the_default_model_equal_transformers(files, prompts):
+    # float32: the reference is float32 transformers ("auto" may pick bfloat16).
     eng = Engine(
         files, num_blocks=512, dtype="float32", background=False, check_integrity_every_step=True
     )

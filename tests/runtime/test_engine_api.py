@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixlang.runtime import CacheBusyError, Engine
-from radixlang.runtime.dtype_choice import auto_dtype
+from radixlang.runtime.dtype_choice import choose_dtype
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 PROMPT = list(range(100, 140))
@@ -120,9 +120,10 @@ def test_bad_threads_are_refused_before_anything_loads(threads):
 def test_auto_dtype_is_the_default_and_the_engine_reports_its_choice(chat_model_dir):
     assert inspect.signature(Engine).parameters["dtype"].default == "auto"
     chosen = stepped(chat_model_dir, num_blocks=8)
-    assert chosen.dtype == str(auto_dtype("cpu")).removeprefix("torch.")
-    assert chosen.runner.dtype == auto_dtype("cpu")
-    assert chosen.runner.kv.dtype == auto_dtype("cpu")  # the KV cache follows the weights
+    auto = choose_dtype("auto", "cpu")  # the hardware's pick, or $RADIXLANG_AUTO_DTYPE's
+    assert chosen.dtype == str(auto).removeprefix("torch.")
+    assert chosen.runner.dtype == auto
+    assert chosen.runner.kv.dtype == auto  # the KV cache follows the weights
     assert stepped(chat_model_dir, num_blocks=8, dtype="bfloat16").dtype == "bfloat16"
     assert stepped(chat_model_dir, num_blocks=8, dtype=torch.float32).dtype == "float32"
 

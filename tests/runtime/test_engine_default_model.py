@@ -85,6 +85,7 @@ def expected(files, prompts):
 
 @pytest.fixture(scope="module")
 def engine(files):
+    # float32: the reference is float32 transformers ("auto" may pick bfloat16).
     eng = Engine(files, kv_memory="256MiB", dtype="float32", check_integrity_every_step=True)
     yield eng
     eng.shutdown()

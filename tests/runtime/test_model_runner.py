@@ -157,9 +157,9 @@ def test_attention_plans_are_built_once_per_forward_not_per_layer(runner, monkey
     ]:
         original = getattr(module, name)
 
-        def counting(*args, original=original, name=name):
+        def counting(*args, original=original, name=name, **kwargs):
             calls.append(name)
-            return original(*args)
+            return original(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counting)
     runner.forward([SequenceInput([3, 4, 5], 0, [6])])

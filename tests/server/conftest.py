@@ -1,5 +1,7 @@
-"""A real server on a free loopback port over the tiny chat model (float32, so greedy outputs
-do not depend on the batch), shared by the server tests of a module."""
+"""A real server on a free loopback port over the tiny chat model, shared by the server tests of
+a module. Its engine is deterministic (and of the "auto" dtype: bfloat16 where the CPU computes
+it natively): the tests compare the server's outputs with the engine's own and streamed with
+not, so a request's tokens and logprobs must not depend on its batch or on the cache."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 def engine(chat_model_dir):
     from radixlang.runtime.engine import Engine
 
-    eng = Engine(str(chat_model_dir), kv_memory="64MiB", dtype="float32")
+    eng = Engine(str(chat_model_dir), kv_memory="64MiB", deterministic=True)
     yield eng
     eng.shutdown(free_cache=True)  # raises if any block is still held
 

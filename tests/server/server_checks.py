@@ -26,6 +26,14 @@ def wait_idle(client: httpx.Client, timeout: float = 10.0) -> dict[str, float]:
         time.sleep(0.02)
 
 
+def fresh_cache(client: httpx.Client) -> None:
+    """Flush the server's cache once idle: a test whose figures count cached tokens must not
+    depend on what the module's earlier tests left in it (the engine is shared)."""
+    wait_idle(client)
+    response = client.post("/flush_cache")
+    assert response.status_code == 200, response.text
+
+
 def assert_no_leak(client: httpx.Client) -> None:
     """Idle, every used block is the cache's (evictable): none is held by a request."""
     m = wait_idle(client)

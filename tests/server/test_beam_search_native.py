@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from server_checks import assert_no_leak
 
 BEAMS = {"beam_width": 3, "temperature": 0, "max_new_tokens": 8, "length_penalty": 0.8}
 
 
+@pytest.mark.compares_outputs
 def test_generate_with_beams_matches_the_engine(client, engine):
     response = client.post("/generate", json={"text": "Once upon a time", "sampling_params": BEAMS})
     assert response.status_code == 200, response.text
@@ -20,6 +22,7 @@ def test_generate_with_beams_matches_the_engine(client, engine):
     assert beams[0]["score"] == alone.beams[0].score
 
 
+@pytest.mark.compares_outputs
 def test_streamed_beams_end_with_the_best(client, engine):
     body = {"text": "Once upon a time", "sampling_params": BEAMS, "stream": True}
     with client.stream("POST", "/generate", json=body) as response:

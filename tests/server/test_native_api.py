@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from server_checks import assert_no_leak, metrics, wait_idle
+from server_checks import assert_no_leak, fresh_cache, metrics, wait_idle
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
 
@@ -31,7 +31,9 @@ def stream_chunks(client: httpx.Client, **body) -> list[dict]:
     return chunks
 
 
+@pytest.mark.compares_outputs
 def test_generate_matches_the_engine(client, engine):
+    fresh_cache(client)  # the server's request computes its whole prompt
     out = generate(client, text="The capital of France is", sampling_params=GREEDY)
     alone = engine.generate("The capital of France is", GREEDY)
     assert out["text"] == alone.text
@@ -44,6 +46,7 @@ def test_generate_matches_the_engine(client, engine):
     assert alone.cached_tokens == meta["prompt_tokens"] - 1  # the server's request cached it
 
 
+@pytest.mark.compares_outputs
 def test_batch_input_ids_and_per_item_sampling(client, engine):
     prompts = ["one two three", "four five"]
     ids = [engine.tokenizer.encode(p) for p in prompts]
@@ -56,6 +59,7 @@ def test_batch_input_ids_and_per_item_sampling(client, engine):
 
 
 def test_prefill_only_request_caches_the_prompt(client):
+    fresh_cache(client)
     text = "A prompt cached ahead of its branches: " + "alpha beta " * 20
     out = generate(client, text=text, sampling_params={"max_new_tokens": 0})
     assert out["text"] == "" and out["meta_info"]["completion_tokens"] == 0
@@ -64,6 +68,7 @@ def test_prefill_only_request_caches_the_prompt(client):
     assert again["meta_info"]["cached_tokens"] >= out["meta_info"]["prompt_tokens"] - 1
 
 
+@pytest.mark.compares_outputs
 def test_logprobs_shape_and_start(client, engine):
     text = "Scores of every token from the third on"
     n = len(engine.tokenizer.encode(text))
@@ -98,6 +103,7 @@ def test_logprobs_shape_and_start(client, engine):
     assert [x[0] for x in first[2:]] == pytest.approx([x[0] for x in meta["input_token_logprobs"]])
 
 
+@pytest.mark.compares_outputs
 def test_stop_string_and_no_stop_trim(client):
     base = generate(client, text="Count: 1 2 3", sampling_params=GREEDY)["text"]
     stop = base[3:6]
@@ -118,6 +124,7 @@ def test_regex_and_n_samples(client):
     assert len({m["text"] for m in many}) > 1  # seeds 7, 8, 9: three samples, not three copies
 
 
+@pytest.mark.compares_outputs
 @pytest.mark.parametrize(
     "body",
     [
@@ -137,6 +144,7 @@ def test_stream_equals_non_stream(client, body):
     assert chunks[-1]["meta_info"]["prompt_tokens"] == whole["meta_info"]["prompt_tokens"]
 
 
+@pytest.mark.compares_outputs
 def test_batch_stream_tags_items_with_their_index(client):
     body = {"text": ["first prompt", "second prompt here"], "sampling_params": GREEDY}
     whole = generate(client, **body)
@@ -254,6 +262,7 @@ def test_a_failed_forward_is_a_500_and_the_server_goes_on(client, engine, monkey
 
 
 def test_cache_salt_separates_cached_prefixes(client):
+    fresh_cache(client)
     text = "A long shared system prompt for salted requests: " + "gamma delta " * 20
     body = {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
 
@@ -275,8 +284,10 @@ def test_cache_salt_separates_cached_prefixes(client):
 
 
 @pytest.mark.parametrize("suffix", [".json", ".toml"])
-def test_api_keys_file_gives_each_tenant_its_own_cache(engine, tmp_path, suffix):
+def test_api_keys_file_gives_each_tenant_its_own_cache(engine, client, tmp_path, suffix):
     from radixlang.server.app import serve_in_thread
+
+    fresh_cache(client)  # through the module's server: this one's routes need a key
 
     keys = tmp_path / f"keys{suffix}"
     if suffix == ".json":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from server_checks import assert_no_leak
+from server_checks import assert_no_leak, fresh_cache
 
 
 @pytest.fixture()
@@ -22,6 +22,7 @@ def test_models(oai, model, engine):
     assert card.id == model and card.owned_by == "radixlang"
 
 
+@pytest.mark.compares_outputs
 def test_completion_matches_the_engine(oai, model, engine):
     out = oai.completions.create(model=model, prompt="Once upon a time", max_tokens=10,
                                  temperature=0)  # fmt: skip
@@ -33,6 +34,7 @@ def test_completion_matches_the_engine(oai, model, engine):
     assert out.usage.total_tokens == out.usage.prompt_tokens + 10
 
 
+@pytest.mark.compares_outputs
 def test_completion_batch_n_seed_and_logprobs(oai, model):
     out = oai.completions.create(model=model, prompt=["red", "green"], max_tokens=5, n=2,
                                  seed=3, temperature=1.0, logprobs=2)  # fmt: skip
@@ -58,6 +60,7 @@ def test_completion_echo_scores_the_prompt(oai, model):
     assert "".join(choice.logprobs.tokens) == "The cat sat"
 
 
+@pytest.mark.compares_outputs
 def test_completion_stream_equals_non_stream(oai, model):
     kwargs = dict(model=model, prompt="Streaming is", max_tokens=12, temperature=0)
     whole = oai.completions.create(**kwargs).choices[0]
@@ -73,6 +76,7 @@ def test_completion_stream_equals_non_stream(oai, model):
     assert usage.completion_tokens == 12
 
 
+@pytest.mark.compares_outputs
 def test_chat_matches_the_chat_template(oai, model, engine):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     out = oai.chat.completions.create(model=model, messages=messages, max_tokens=8,
@@ -86,6 +90,7 @@ def test_chat_matches_the_chat_template(oai, model, engine):
     assert out.usage.prompt_tokens == len(ids)
 
 
+@pytest.mark.compares_outputs
 def test_chat_content_parts_and_developer_role(oai, model):
     parts = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hello."}]
     developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": parts}]
@@ -95,6 +100,7 @@ def test_chat_content_parts_and_developer_role(oai, model):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
+@pytest.mark.compares_outputs
 def test_chat_stream_equals_non_stream_with_stop_and_logprobs(oai, model):
     messages = [{"role": "user", "content": "Tell me a story."}]
     plain = oai.chat.completions.create(model=model, messages=messages, max_tokens=16,
@@ -115,6 +121,7 @@ def test_chat_stream_equals_non_stream_with_stop_and_logprobs(oai, model):
     assert roles == ["assistant"] and text == whole.message.content and finish == "stop"
 
 
+@pytest.mark.compares_outputs
 def test_chat_n_and_seed(oai, model):
     kwargs = dict(model=model, messages=[{"role": "user", "content": "A word?"}], max_tokens=4,
                   temperature=1.0, n=3, seed=11)  # fmt: skip
@@ -149,6 +156,7 @@ def test_openai_client_errors(oai, model, client, call, error, param):
     assert_no_leak(client)
 
 
+@pytest.mark.compares_outputs
 def test_logit_bias_forces_and_bans_tokens(oai, model, engine, client):
     token = engine.tokenizer.encode(" banana", add_special_tokens=False)[0]
     forced = oai.completions.create(model=model, prompt="I like", max_tokens=3, temperature=0,
@@ -164,6 +172,7 @@ def test_logit_bias_forces_and_bans_tokens(oai, model, engine, client):
     assert native.json()["text"] == " banana" * 2
 
 
+@pytest.mark.compares_outputs
 def test_beam_search_through_the_openai_client(oai, model, engine):
     params = {"max_new_tokens": 8, "temperature": 0, "beam_width": 3, "length_penalty": 0.5}
     alone = engine.generate("The best way to", params)
@@ -176,7 +185,8 @@ def test_beam_search_through_the_openai_client(oai, model, engine):
                                extra_body={"beam_width": 2})  # fmt: skip
 
 
-def test_cache_salt_as_an_extra_body_field(oai, model):
+def test_cache_salt_as_an_extra_body_field(oai, model, client):
+    fresh_cache(client)
     prompt = "A long salted system prompt for OpenAI clients: " + "theta iota " * 20
     messages = [{"role": "system", "content": prompt}, {"role": "user", "content": "Hi"}]
 

@@ -12,7 +12,8 @@ from test_openai_api import *  # noqa: F403
 def engine(chat_model_dir):
     from radixlang.runtime.engine import Engine
 
-    eng = Engine(str(chat_model_dir), kv_memory="64MiB", dtype="float32", overlap=True)
+    # Deterministic, as in conftest.py: the tests compare outputs across batches and the cache.
+    eng = Engine(str(chat_model_dir), kv_memory="64MiB", overlap=True, deterministic=True)
     assert eng.overlap
     yield eng
     assert eng.stats()["overlapped_steps"] > 0  # the tests did run overlapped steps

@@ -61,6 +61,7 @@ def check_chunks(chunks: list[dict], whole: dict) -> None:
     assert len(logprobs) == len(whole["meta_info"]["output_token_logprobs"])
 
 
+@pytest.mark.compares_outputs  # each stream against the same request whole
 def test_every_streamed_chunk_carries_its_tokens_logprobs(client):
     bodies = []
     for k in range(8):
@@ -141,6 +142,7 @@ def answer(s, question):
     s += sgl.assistant(sgl.gen("answer", return_logprob=True))
 
 
+@pytest.mark.compares_outputs  # each stream against the same request whole
 def test_radixlang_streamed_program_pieces_carry_their_logprobs(server):
     endpoint = RuntimeEndpoint(server.url)
     try:

@@ -160,6 +160,7 @@ def test_fields_asking_for_what_is_missing_are_refused(client, field, value):
     assert error["param"] == field and field in error["message"]
 
 
+@pytest.mark.compares_outputs
 @pytest.mark.parametrize(
     "sampling",
     [

@@ -76,6 +76,7 @@ def test_required_makes_one_valid_call(oai, model):
         assert len(_check_calls(choice.message)) == 1
 
 
+@pytest.mark.compares_outputs
 def test_named_function_is_the_one_called_whole_and_streamed(oai, model):
     named = {"type": "function", "function": {"name": "get_weather"}}
     kwargs = dict(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=60, temperature=0,
@@ -90,6 +91,7 @@ def test_named_function_is_the_one_called_whole_and_streamed(oai, model):
     assert streamed["arguments"] == call.function.arguments  # greedy: the same call
 
 
+@pytest.mark.compares_outputs
 def test_parallel_calls_are_each_valid(oai, model):
     # This seed and temperature make the random model write three calls in one block.
     kwargs = dict(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required",

@@ -1,5 +1,10 @@
 """The HTTP backends' integration fixtures: one engine on the tiny chat model (tests/conftest.py),
-served over HTTP and also wrapped in a LocalBackend, so both paths run the same weights."""
+served over HTTP and also wrapped in a LocalBackend, so both paths run the same weights.
+
+The engine is deterministic: the tests compare what a program gets over HTTP with what it gets
+in process, one run after the other, so the second finds its prefix cached and its requests
+batched otherwise. Without the mode, in bfloat16 ("auto" on a CPU with native bfloat16) a
+request's logits depend on both, and greedy tokens part."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import pytest
 def engine(chat_model_dir):
     from radixlang.runtime.engine import Engine
 
-    engine = Engine(str(chat_model_dir), kv_memory="64MiB")
+    engine = Engine(str(chat_model_dir), kv_memory="64MiB", deterministic=True)
     yield engine
     engine.shutdown()
 

@@ -490,6 +490,7 @@ def test_the_servers_chat_template_reads_as_the_local_one(endpoint, local):
     assert endpoint.model_info["is_generation"] is True
 
 
+@pytest.mark.compares_outputs
 def test_a_multi_turn_chat_matches_the_local_backend(endpoint, local):
     @sgl.function
     def chat(s):
@@ -507,6 +508,7 @@ def test_a_multi_turn_chat_matches_the_local_backend(endpoint, local):
     assert meta["finish_reason"] == local_meta["finish_reason"]
 
 
+@pytest.mark.compares_outputs
 def test_fork_join_with_three_branches_matches_and_prefills_the_prefix_first(
     server, local, recording
 ):
@@ -537,6 +539,7 @@ SELECT_CASES = [
 ]
 
 
+@pytest.mark.compares_outputs
 @pytest.mark.parametrize(
     "method",
     [
@@ -580,6 +583,7 @@ def test_select_decides_and_scores_as_the_local_backend(
     assert scoring[1]["text"] == [prompt] + [prompt + c for c in choices]
 
 
+@pytest.mark.compares_outputs
 def test_regex_and_gen_int_match_the_local_backend(endpoint, local):
     @sgl.function
     def constrained(s):
@@ -591,6 +595,7 @@ def test_regex_and_gen_int_match_the_local_backend(endpoint, local):
     assert re.fullmatch(r"-?\d+", remote["days"]) and remote["days"] == here["days"]
 
 
+@pytest.mark.compares_outputs
 def test_a_streamed_program_matches_the_local_backend(endpoint, local):
     @sgl.function
     def story(s):

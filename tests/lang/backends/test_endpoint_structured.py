@@ -49,6 +49,7 @@ def structured(s):
     s += "\nSure? " + sgl.gen("sure", ebnf=EBNF, max_tokens=4)
 
 
+@pytest.mark.compares_outputs
 def test_structured_programs_match_the_local_backend(server, local, recording):
     endpoint = RuntimeEndpoint(server.url, transport=recording)
     try:
@@ -88,6 +89,7 @@ def _answer(s, question):
     s += sgl.assistant(sgl.gen("answer", return_logprob=True))
 
 
+@pytest.mark.compares_outputs
 def test_a_streamed_gen_with_logprobs_gives_each_piece_its_tokens(endpoint, local):
     async def collect():
         state = _answer.run(question="Tell me about Hawaii.", stream=True, temperature=0,

@@ -407,6 +407,7 @@ def _served(server, **kwargs: Any) -> OpenAI:
     return OpenAI(name, base_url=server.url + "/v1", api_key="none", **kwargs)
 
 
+@pytest.mark.compares_outputs
 def test_completion_mode_gives_the_local_backends_greedy_text(server, local):
     @sgl.function
     def plain(s):
@@ -426,6 +427,7 @@ def test_completion_mode_gives_the_local_backends_greedy_text(server, local):
     assert "".join(streamed.text_iter()) == here.text()
 
 
+@pytest.mark.compares_outputs
 @pytest.mark.parametrize(
     "method",
     [
@@ -454,6 +456,7 @@ def test_completion_mode_select_scores_as_the_local_backend(server, local, metho
     )
 
 
+@pytest.mark.compares_outputs
 def test_chat_mode_gives_the_servers_chat_completion(server, local):
     import openai
 
