@@ -23,8 +23,15 @@ def test_dtype_regex_rejects_other_types(bad):
 
 @pytest.mark.parametrize(
     "text",
-    ['""', '"Paris"', '"Europe/Paris"', r'"a \"quoted\" word"', r'"tab\there"', r'"\u00e9t\u00e9"',
-     '"caf\u00e9 \u2014 ok"'],  # fmt: skip
+    [
+        '""',
+        '"Paris"',
+        '"Europe/Paris"',
+        r'"a \"quoted\" word"',
+        r'"tab\there"',
+        r'"\u00e9t\u00e9"',
+        '"caf\u00e9 \u2014 ok"',
+    ],
 )
 def test_a_str_gen_matches_exactly_the_json_strings(text):
     assert re.fullmatch(dtype_regex(str), text)
@@ -40,4 +47,3 @@ def test_a_str_gen_refuses_what_json_refuses(text):
     assert not re.fullmatch(dtype_regex(str), text)
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
-
