@@ -1,6 +1,8 @@
 """Compile the package's C++ CPU kernels with the machine's compiler, once, and cache the result.
 
-The library is built for this CPU (``-march=native``) and kept under
+The library is built for this CPU (``-march=native``; ``$RADIXLANG_NATIVE_MARCH`` names another
+target, such as ``x86-64-v3`` for AVX2 or ``skylake-avx512`` for AVX-512 without bfloat16, so that
+one machine runs the code paths of an older CPU class) and kept under
 ``$RADIXLANG_CACHE/native`` (default ``~/.cache/radixlang/native``), named by a hash of the
 source, the flags, the compiler's version and the CPU's model and flags, so that a changed
 source, compiler or machine builds afresh. Builds take a few seconds (no torch headers: the
@@ -25,7 +27,6 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).parent / "native"
 FLAGS = (
     "-O3",
-    "-march=native",
     "-std=c++17",
     "-fopenmp",
     "-fPIC",
@@ -40,8 +41,14 @@ LINK_FLAGS = ("-shared", "-fopenmp")
 SOURCE_FLAGS = {"invariant_linear": ("-fno-associative-math", "-fno-reciprocal-math")}
 
 
+def target_flag() -> str:
+    """``-march=native``, or the target ``$RADIXLANG_NATIVE_MARCH`` names (it must run here)."""
+    march = os.environ.get("RADIXLANG_NATIVE_MARCH", "").strip() or "native"
+    return f"-march={march}"
+
+
 def compile_flags(name: str) -> tuple[str, ...]:
-    return (*FLAGS, *SOURCE_FLAGS.get(name, ()))
+    return (FLAGS[0], target_flag(), *FLAGS[1:], *SOURCE_FLAGS.get(name, ()))
 
 
 class NativeBuildError(RuntimeError):

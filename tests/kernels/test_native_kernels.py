@@ -163,6 +163,50 @@ def test_the_build_is_cached_by_source_and_machine(tmp_path, monkeypatch):
     assert not list(first.parent.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("march", ["x86-64-v3", "skylake-avx512"])
+def test_an_older_cpu_class_builds_apart_and_computes_the_same(tmp_path, monkeypatch, march):
+    """$RADIXLANG_NATIVE_MARCH builds the kernels for another CPU class (x86-64-v3: AVX2, as
+    CI's CPUs; skylake-avx512: AVX-512 without bfloat16) into libraries of their own names, so
+    one machine runs those classes' code paths: attention agrees with the dense reference, and
+    the batch-invariant linear stays row-invariant in bfloat16 without AVX-512 BF16."""
+    import platform
+
+    from radixlang.kernels import invariant_linear
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 targets")
+    if march == "skylake-avx512" and "avx512bw" not in native_build._machine_fingerprint():
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setenv("RADIXLANG_CACHE", str(tmp_path))
+    here = native_build.build("paged_attention")
+    monkeypatch.setenv("RADIXLANG_NATIVE_MARCH", march)
+    assert f"-march={march}" in native_build.compile_flags("invariant_linear")
+    caches = (native._library, native.available, invariant_linear._library,
+              invariant_linear.available)  # fmt: skip
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        assert native.available() and invariant_linear.available()
+        built = sorted(p.name for p in tmp_path.glob("native/*.so"))
+        assert len(built) == 3 and here.name in built  # this CPU's, and the class's two
+        lens = [3, 17, 40]
+        case = make_paged_case(lens, 2, 16, 4, seed=1)
+        q = torch.randn(len(lens), 4, 16)
+        plan = native.plan_decode(case.block_tables, torch.tensor(lens))
+        check_decode(case, q, lens, 0.25, native.paged_attention(q, case.cache, plan, 0.25))
+
+        weight = torch.randn(40, 72).to(torch.bfloat16)
+        x = torch.randn(9, 72).to(torch.bfloat16)
+        packed = invariant_linear.pack(weight, None)
+        want = invariant_linear.linear(x, packed)
+        for rows in (1, 4, 9):
+            assert torch.equal(invariant_linear.linear(x[:rows].clone(), packed), want[:rows])
+        torch.testing.assert_close(want.float(), x.float() @ weight.float().T, atol=0.1, rtol=2e-2)
+    finally:
+        for cached in caches:
+            cached.cache_clear()
+
+
 def test_loading_the_native_libraries_keeps_subnormal_floats():
     """-ffast-math at link time would flush subnormals to zero in the whole process."""
     from radixlang.kernels import native_linear
