@@ -44,7 +44,8 @@ def main(args: argparse.Namespace, config: Any = None) -> int:
     from rich.console import Console
 
     from radixlang.repl.app import Repl, read_plain_line
-    from radixlang.repl.backends import BackendError, open_backend
+    from radixlang.repl.backends import BackendError
+    from radixlang.repl.connect import open_backend
     from radixlang.repl.prompt import PROMPT, history_path, new_prompt_session
     from radixlang.repl.settings import SettingError, Settings
 

@@ -130,18 +130,3 @@ class ChatBackend(ABC):
 
     def close(self) -> None:  # noqa: B027
         """Release the engine or connection."""
-
-
-def open_backend(args: Any, config: Any) -> ChatBackend:
-    """The backend ``args`` ask for: ``--url`` a server, else a local engine on ``--model``
-    with ``config.engine_kwargs()`` (None: the engine's defaults)."""
-    if getattr(args, "url", None):
-        from radixlang.repl.remote import RemoteChat
-
-        return RemoteChat(args.url, api_key=getattr(args, "api_key", None))
-    from radixlang.repl.local import LocalChat
-
-    kwargs = dict(config.engine_kwargs()) if config is not None else {}
-    if getattr(args, "model", None):
-        kwargs["model"] = args.model
-    return LocalChat.start(**kwargs)

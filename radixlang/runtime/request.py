@@ -12,16 +12,13 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from typing import Any, Protocol, overload
 
 import torch
 
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.radix_cache import CacheHandle
 from radixlang.runtime.sampling import SamplingParams, SamplingRow
-
-if TYPE_CHECKING:
-    from radixlang.runtime.beam_search import BeamGroup
 
 # (token id, log-probability) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
@@ -185,6 +182,17 @@ class ReqStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class BeamMembership(Protocol):
+    """What a request and the engine use of the beam group a request belongs to
+    (:class:`radixlang.runtime.beam_search.BeamGroup`, which imports this module)."""
+
+    results: list[BeamOutput]
+
+    def end(self, member: Req, scheduler: Any) -> Req | None:
+        """``member`` finished: the group's request to answer, once, or None."""
+        ...
+
+
 @dataclass(eq=False)
 class Req:
     """The engine's state for one request (touched only on the engine thread)."""
@@ -225,7 +233,7 @@ class Req:
     # mask): made once, its output a live view of ``tokens``.
     sampling_row: SamplingRow | None = field(default=None, repr=False)
     # Beam search: the group this request is one beam of (its own Req is the first beam).
-    beam: BeamGroup | None = field(default=None, repr=False)
+    beam: BeamMembership | None = field(default=None, repr=False)
     # The radix cache's salt: this request matches and inserts only prefixes of this salt.
     cache_salt: str = ""
 
