@@ -454,8 +454,7 @@ class Engine:
         by requests with the same salt."""
         request = as_request(request, sampling, request_id)
         salt = request.cache_salt if cache_salt is None else cache_salt
-        # (A server may put a tenant's name, at most as long, and a separator before it.)
-        if not isinstance(salt, str) or len(salt) > 2 * MAX_CACHE_SALT_CHARS + 1:
+        if not isinstance(salt, str) or len(salt) > MAX_CACHE_SALT_CHARS:
             raise RequestError(
                 f"cache_salt must be a string of at most {MAX_CACHE_SALT_CHARS} characters"
             )

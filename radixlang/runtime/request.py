@@ -22,8 +22,9 @@ from radixlang.runtime.sampling import SamplingParams, SamplingRow
 
 # (token id, log-probability) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
-# The longest cache salt a request may carry.
-MAX_CACHE_SALT_CHARS = 256
+# The longest cache salt the engine takes: any string, which only seeds the cache's hashes (a
+# server may build one from a tenant and a client's salt; it bounds each part on its own).
+MAX_CACHE_SALT_CHARS = 1024
 
 
 class FinishReason(enum.StrEnum):

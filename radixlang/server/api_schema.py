@@ -18,8 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from radixlang.runtime.request import MAX_CACHE_SALT_CHARS
-from radixlang.server.common import MAX_ROUTING_KEY_CHARS
+from radixlang.server.common import MAX_BODY_CACHE_SALT_CHARS, MAX_ROUTING_KEY_CHARS
 
 REF = "#/components/schemas/{model}"
 
@@ -124,7 +123,7 @@ _GENERATE_BODY: dict[str, Any] = {
         "return_prompt_token_ids": _BOOL,
         "stream": _BOOL,
         "rid": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
-        "cache_salt": _nullable({"type": "string", "maxLength": MAX_CACHE_SALT_CHARS}),
+        "cache_salt": _nullable({"type": "string", "maxLength": MAX_BODY_CACHE_SALT_CHARS}),
         "routing_key": _nullable({"type": "string", "maxLength": MAX_ROUTING_KEY_CHARS}),
     },
     "additionalProperties": True,

@@ -1,16 +1,18 @@
 """The HTTP server over one :class:`~radixlang.runtime.engine.Engine` (FastAPI on uvicorn).
 
-Routes:
+Routes, each module's ``APIRouter`` (importable and testable alone), wired by
+:func:`create_app`:
 
-- SGLang's native API: ``POST /generate`` (see ``native``), ``GET /get_model_info``,
-  ``GET /get_server_info`` (and ``/server_info``), ``POST /flush_cache`` (``?timeout=``),
-  ``POST /save_cache`` (the radix cache to ``--cache-dir`` now; it is also saved at shutdown),
-  ``POST /abort_request``, ``POST /concate_and_append_request``;
-- the OpenAI API: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
-  (see ``openai``);
-- operations: ``GET /health``, ``GET /health_generate``, ``GET /metrics`` (Prometheus text),
-  ``POST /tokenize``, ``POST /detokenize``, ``GET /memory`` (where the KV memory goes: the
-  engine's ``memory_report()`` as JSON);
+- ``native``: SGLang's ``POST /generate``; ``openai``: ``POST /v1/completions``,
+  ``POST /v1/chat/completions``, ``GET /v1/models``;
+- ``status_routes``: ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``,
+  ``GET /get_server_info`` (and ``/server_info``), ``GET /memory`` (the engine's
+  ``memory_report()``), ``GET /metrics`` (Prometheus text);
+- ``cache_routes``: ``/flush_cache`` (``?timeout=``), ``GET /kv_events``, ``POST /save_cache``
+  (the radix cache to ``--cache-dir`` now; it is also saved at shutdown);
+- ``token_routes``: ``POST /tokenize``, ``POST /detokenize``, ``POST /abort_request``,
+  ``POST /concate_and_append_request``;
+- ``dashboard``: ``/dashboard`` and its JSON API;
 - ``GET /openapi.json``: the OpenAPI schema of all of these, bodies, answers and errors
   included (see ``api_schema``).
 
@@ -27,7 +29,6 @@ import contextlib
 import gc
 import hmac
 import logging
-import math
 import signal
 import socket
 import threading
@@ -39,27 +40,22 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse
 
 from radixlang.config import load_api_keys
-from radixlang.runtime.engine import CacheBusyError, Engine
-from radixlang.runtime.request import FinishReason, GenerateRequest
-from radixlang.server import metrics, native
+from radixlang.runtime.engine import Engine
+from radixlang.server import cache_routes, metrics, native, openai, status_routes, token_routes
 from radixlang.server.api_schema import components, route_docs
 from radixlang.server.common import (
     APIError,
-    TokenBytes,
     TokenTexts,
     is_openai_path,
-    read_body,
-    submit_all,
 )
 from radixlang.server.dashboard import Dashboard, ProgramReport, add_routes
-from radixlang.server.openai import ChatBody, CompletionBody, OpenAIRoutes
+from radixlang.server.openai import ChatBody, CompletionBody
 from radixlang.version import __version__
 
 log = logging.getLogger(__name__)
@@ -71,28 +67,6 @@ _ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models",
            "/tokenize", "/detokenize", "/memory", "/dashboard", "/dashboard/api/snapshot",
            "/dashboard/api/history", "/dashboard/api/programs",
            "/dashboard/api/events")  # fmt: skip
-
-
-class TokenizeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    text: str
-    add_special_tokens: bool = True
-
-
-class DetokenizeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    tokens: list[int]
-
-
-class AbortBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    rid: str
-
-
-class ConcatBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    src_rids: list[str]
-    dst_rid: str
 
 
 class _RequireKey:
@@ -224,7 +198,6 @@ def create_app(
     seconds apart, its tree cut to the ``dashboard_max_nodes`` largest nodes (``dashboard``)."""
     model_name = served_model_name or engine.files.name
     texts = TokenTexts(engine.tokenizer)
-    openai = OpenAIRoutes(engine, model_name, texts, TokenBytes(engine.tokenizer, texts))
     counters = metrics.HTTPCounters()
     board = Dashboard(engine, model_name, dashboard_interval, dashboard_max_nodes)
 
@@ -242,7 +215,6 @@ def create_app(
     app.state.engine = engine
     app.state.dashboard = board
     app.state.counters = counters
-    app.state.max_queued_requests = max_queued_requests
     if allowed_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -281,200 +253,22 @@ def create_app(
             is_openai_path(request.url.path)
         )
 
-    # The OpenAPI schema (/openapi.json): every route's body, answers and errors (api_schema).
-    body_errors = (400, 413, 415)
-
+    # The routes, each module's on its own router; the OpenAPI schema (/openapi.json) gives
+    # every route's body, answers and errors (api_schema), with a 401 where keys are needed.
     def docs(ok: str | None, **kw: Any) -> dict[str, Any]:
         return route_docs(ok, auth=auth, **kw)
 
-    def openai_docs(ok: str | None, **kw: Any) -> dict[str, Any]:
-        return route_docs(ok, auth=auth, openai=True, **kw)
-
-    @app.post(
-        "/generate",
-        **docs("GenerateResponse", body="GenerateBody", errors=(*body_errors, 503),
-               stream="GenerateResult"),
-    )  # fmt: skip
-    async def generate(request: Request) -> Response:
-        return await native.generate(request, engine, texts)
-
-    app.add_api_route(
-        "/v1/completions",
-        openai.completions,
-        methods=["POST"],
-        **openai_docs("Completion", body="CompletionBody", errors=(*body_errors, 404, 503),
-                      stream="CompletionChunk"),
-    )  # fmt: skip
-    app.add_api_route(
-        "/v1/chat/completions",
-        openai.chat,
-        methods=["POST"],
-        **openai_docs("ChatCompletion", body="ChatBody", errors=(*body_errors, 404, 503),
-                      stream="ChatCompletionChunk"),
-    )  # fmt: skip
-    app.add_api_route("/v1/models", openai.models, methods=["GET"], **openai_docs("ModelList"))
-
-    @app.get("/health", **route_docs("Status", errors=(503,)))  # open: no key needed
-    async def health() -> JSONResponse:
-        if not engine.is_running:
-            raise APIError(503, "the engine is not running", kind="server_error")
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/health_generate", **docs("Status", errors=(503,)))
-    async def health_generate() -> JSONResponse:
-        """One real token through the whole engine."""
-        probe = GenerateRequest(input_ids=[0], sampling={"max_new_tokens": 1, "temperature": 0})
-        (handle,) = await submit_all(engine, [probe], [None])
-        result = await handle.wait(raise_on_error=False)
-        if result.finish_reason is FinishReason.ERROR:
-            raise APIError(503, f"the engine failed a probe: {result.error}", kind="server_error")
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/get_model_info", **docs("ModelInfo"))
-    async def model_info() -> JSONResponse:
-        tok = engine.tokenizer
-        return JSONResponse(
-            {
-                "model_path": str(engine.files.path),
-                "tokenizer_path": str(engine.files.path),
-                "served_model_name": model_name,
-                "is_generation": True,
-                "max_context_length": engine.max_context,
-                "vocab_size": engine.runner.vocab_size,
-                "chat_template": getattr(tok, "chat_template", None) if tok else None,
-                "bos_token": getattr(tok, "bos_token", None) if tok else None,
-                "eos_token": getattr(tok, "eos_token", None) if tok else None,
-            }
-        )
-
-    async def server_info() -> JSONResponse:
-        stats = await run_in_threadpool(engine.stats)
-        sched = engine.scheduler
-        return JSONResponse(
-            {
-                "version": __version__,
-                "model_path": str(engine.files.path),
-                "served_model_name": model_name,
-                "dtype": str(engine.runner.dtype).removeprefix("torch."),
-                "device": str(engine.runner.device),
-                "deterministic": engine.deterministic,
-                "block_size": engine.pool.block_size,
-                "num_blocks": engine.pool.num_blocks,
-                "max_context_length": engine.max_context,
-                "max_batch_tokens": sched.max_batch_tokens,
-                "max_running_requests": sched.max_running_requests,
-                "schedule_policy": sched.policy.value,
-                "stats": stats,
-            }
-        )
-
-    for path in ("/get_server_info", "/server_info"):
-        app.add_api_route(path, server_info, methods=["GET"], **docs("ServerInfo"),
-                          operation_id=path.strip("/") + "_get")  # fmt: skip
-
-    @app.get("/memory", **docs("MemoryReport"))
-    async def memory() -> JSONResponse:
-        report = await run_in_threadpool(engine.memory_report)
-        return JSONResponse(report.to_dict())
-
-    async def flush_cache(request: Request) -> JSONResponse:
-        """SGLang's contract: 200 once flushed, 400 while requests are in flight after waiting
-        up to ``?timeout=`` seconds (default 0) for them to finish."""
-        timeout = _flush_timeout(request.query_params.get("timeout"))
-        try:
-            await run_in_threadpool(engine.flush_cache, timeout)
-        except CacheBusyError as e:
-            raise APIError(400, str(e), kind="cache_busy") from None
-        return JSONResponse({"success": True, "message": "Cache flushed."})
-
-    timeout = {"name": "timeout", "in": "query", "required": False,
-               "description": "Seconds to wait for requests in flight to finish (default 0).",
-               "schema": {"type": "number", "minimum": 0}}  # fmt: skip
-    for method in ("GET", "POST"):
-        app.add_api_route("/flush_cache", flush_cache, methods=[method],
-                          operation_id=f"flush_cache_{method.lower()}",
-                          **docs("FlushResult", errors=(400,), query=[timeout]))  # fmt: skip
-
-    after = {"name": "after", "in": "query", "required": False,
-             "description": "The last event number already read (default 0: from the start).",
-             "schema": {"type": "integer", "minimum": 0}}  # fmt: skip
-
-    @app.get("/kv_events", **docs("KvEvents", errors=(400,), query=[after]))
-    async def kv_events(request: Request) -> JSONResponse:
-        """The KV events after number ``?after=`` (docs/scale_out.md); where the log no longer
-        holds them all, ``gap`` and a ``snapshot`` of every cached block's hash instead."""
-        if not getattr(engine, "kv_events_enabled", False):
-            raise APIError(400, "the server was started without --kv-events", kind="no_kv_events")
-        seq = _after(request.query_params.get("after"))
-        events, gap = await run_in_threadpool(engine.kv_events_since, seq)
-        body: dict[str, Any] = {"gap": gap, "block_size": engine.pool.block_size}
-        if gap:
-            last, nodes = await run_in_threadpool(engine.kv_block_hashes)
-            body |= {"last_seq": last, "events": [],
-                     "snapshot": [{"salt_seed": s, "hashes": h} for s, h in nodes]}  # fmt: skip
-        else:
-            body |= {"last_seq": events[-1].seq if events else seq,
-                     "events": [e.to_dict() for e in events]}  # fmt: skip
-        return JSONResponse(body)
-
-    @app.post("/save_cache", **docs("SaveCacheResult", errors=(400,)))
-    async def save_cache() -> JSONResponse:
-        """Save the radix cache to the engine's ``cache_dir`` now (it is also saved at
-        shutdown); 400 when the server was started without one."""
-        if engine.cache_dir is None:
-            raise APIError(400, "the server was started without --cache-dir", kind="no_cache_dir")
-        saved = await run_in_threadpool(engine.save_cache)
-        return JSONResponse({"success": True, **saved})
-
-    @app.get("/metrics", response_class=PlainTextResponse, **route_docs(None, text=True))
-    async def prometheus() -> PlainTextResponse:
-        stats = await run_in_threadpool(engine.stats)
-        return PlainTextResponse(metrics.render(stats, counters), media_type="text/plain")
-
-    @app.post("/tokenize", **docs("TokenizeResult", body="TokenizeBody", errors=body_errors))
-    async def tokenize(request: Request) -> JSONResponse:
-        body = await read_body(request, TokenizeBody)
-        if engine.tokenizer is None:
-            raise APIError(400, f"model {model_name} has no tokenizer", param="text")
-        ids = engine.tokenizer.encode(body.text, add_special_tokens=body.add_special_tokens)
-        return JSONResponse(
-            {"tokens": list(ids), "count": len(ids), "max_model_len": engine.max_context}
-        )
-
-    @app.post("/detokenize", **docs("DetokenizeResult", body="DetokenizeBody", errors=body_errors))
-    async def detokenize(request: Request) -> JSONResponse:
-        body = await read_body(request, DetokenizeBody)
-        vocab = engine.runner.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"tokens holds ids outside [0, {vocab}): {bad[:5]}",
-                           param="tokens")  # fmt: skip
-        text = engine.tokenizer.decode(body.tokens) if engine.tokenizer else ""
-        return JSONResponse({"text": text})
-
-    @app.post("/abort_request", **docs("Success", body="AbortBody", errors=body_errors))
-    async def abort_request(request: Request) -> JSONResponse:
-        body = await read_body(request, AbortBody)
-        engine.abort(body.rid)
-        return JSONResponse({"success": True})
-
-    @app.post(
-        "/concate_and_append_request", **docs("Success", body="ConcatBody", errors=body_errors)
-    )
-    async def concate_and_append(request: Request) -> JSONResponse:
-        # SGLang joins forked branches' KV into the parent here, approximately (positions are
-        # not re-encoded). Its client then sends the joined text with the next request, which
-        # the radix cache serves exactly: reused where cached, computed where not.
-        await read_body(request, ConcatBody)
-        return JSONResponse({"success": True})
+    app.include_router(native.router(engine, texts, docs, max_queued_requests))
+    app.include_router(openai.router(engine, model_name, texts, docs, max_queued_requests))
+    app.include_router(status_routes.router(engine, model_name, counters, docs))
+    app.include_router(cache_routes.router(engine, docs))
+    app.include_router(token_routes.router(engine, model_name, docs))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             bodies = [("CompletionBody", CompletionBody), ("ChatBody", ChatBody),
-                      ("TokenizeBody", TokenizeBody), ("DetokenizeBody", DetokenizeBody),
-                      ("AbortBody", AbortBody), ("ConcatBody", ConcatBody),
-                      ("ProgramReport", ProgramReport)]  # fmt: skip
+                      *token_routes.BODIES, ("ProgramReport", ProgramReport)]  # fmt: skip
             found = schema.setdefault("components", {})
             found.setdefault("schemas", {}).update(components(bodies))
             if auth:
@@ -490,28 +284,6 @@ def create_app(
     if dashboard:
         add_routes(app, board, docs)
     return app
-
-
-def _after(value: str | None) -> int:
-    """``/kv_events``' ``after`` query parameter: an event number >= 0."""
-    if value is None:
-        return 0
-    if not (value.isascii() and value.isdigit()):
-        raise APIError(400, f"after must be an event number >= 0, got {value!r}", param="after")
-    return int(value)
-
-
-def _flush_timeout(value: str | None) -> float:
-    """``/flush_cache``'s ``timeout`` query parameter: seconds to wait, finite and >= 0."""
-    if value is None:
-        return 0.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise APIError(400, f"timeout must be seconds >= 0, got {value!r}", param="timeout")
-    return seconds
 
 
 def _config(app: Any, host: str, port: int, drain_timeout: float, log_level: str) -> Any:

@@ -115,6 +115,12 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
+# The longest ``cache_salt`` a request body may carry. With an API-keys file the tenant's name
+# (at most config.MAX_TENANT_CHARS) and a separator go before it: the engine's limit
+# (runtime.request.MAX_CACHE_SALT_CHARS) holds all three (tests/server/test_route_modules.py).
+MAX_BODY_CACHE_SALT_CHARS = 256
+
+
 def cache_salt(request: Request, salt: str | None) -> str:
     """The radix-cache salt of a request whose body has ``cache_salt`` (its type and length
     checked with the body): with an API-keys file, the key's tenant comes first, so tenants

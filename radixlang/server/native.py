@@ -24,17 +24,17 @@ hints (``priority``, routing, disaggregation) are ignored, and so are unknown ke
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.runtime.request import (
-    MAX_CACHE_SALT_CHARS,
     FinishReason,
     GenerateRequest,
     GenerationResult,
@@ -43,6 +43,7 @@ from radixlang.runtime.request import (
 )
 from radixlang.runtime.sampling import STRUCTURED_OUTPUT
 from radixlang.server.common import (
+    MAX_BODY_CACHE_SALT_CHARS,
     MAX_ROUTING_KEY_CHARS,
     SSE_DONE,
     APIError,
@@ -128,7 +129,7 @@ class GenerateBody(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     # Requests reuse only the cached prefixes of requests with the same salt (and tenant).
-    cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_CHARS)
+    cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     # Behind several replicas: requests with one key (a program's, a chat's) share a replica.
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
 
@@ -284,7 +285,30 @@ def result_body(
     return out
 
 
-async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response:
+def router(
+    engine: Any,
+    texts: TokenTexts,
+    docs: Callable[..., dict[str, Any]],
+    max_queued_requests: int | None = None,
+) -> APIRouter:
+    """``POST /generate`` over ``engine``; ``docs(ok, **kw)`` gives its OpenAPI answers; past
+    ``max_queued_requests`` queued requests a body is refused with a 503."""
+    routes = APIRouter()
+
+    @routes.post(
+        "/generate",
+        **docs("GenerateResponse", body="GenerateBody", errors=(400, 413, 415, 503),
+               stream="GenerateResult"), name="generate",
+    )  # fmt: skip
+    async def generate_route(request: Request) -> Response:
+        return await generate(request, engine, texts, max_queued_requests)
+
+    return routes
+
+
+async def generate(
+    request: Request, engine: Any, texts: TokenTexts, max_queued_requests: int | None = None
+) -> Response:
     body = parse_body(sglang_fields(await read_json(request)), GenerateBody)
     items, as_list = parse_items(body)
     salt = cache_salt(request, body.cache_salt)
@@ -298,7 +322,7 @@ async def generate(request: Request, engine: Any, texts: TokenTexts) -> Response
         [it.request for it in items],
         [it.where for it in items],
         prompt_field,
-        request.app.state.max_queued_requests,
+        max_queued_requests,
         sampling_path=lambda i, field: f"{items[i].sampling_where}.{field}",
     )
     token_texts = texts if body.return_text_in_logprobs else None

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -29,7 +30,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
 from radixlang.runtime.request import (
-    MAX_CACHE_SALT_CHARS,
     FinishReason,
     GenerateRequest,
     GenerationResult,
@@ -37,6 +37,7 @@ from radixlang.runtime.request import (
 )
 from radixlang.server import tools as tooling
 from radixlang.server.common import (
+    MAX_BODY_CACHE_SALT_CHARS,
     MAX_ROUTING_KEY_CHARS,
     SSE_DONE,
     APIError,
@@ -74,7 +75,7 @@ class _Body(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM-style extras
-    cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_CHARS)
+    cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
     top_k: int | None = None
     min_p: float | None = None
@@ -184,16 +185,55 @@ CompletionBody.model_rebuild()
 ChatBody.model_rebuild()
 
 
+def router(
+    engine: Any,
+    model_name: str,
+    texts: TokenTexts,
+    docs: Callable[..., dict[str, Any]],
+    max_queued_requests: int | None = None,
+) -> APIRouter:
+    """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` over ``engine``;
+    ``docs(ok, **kw)`` gives a route's OpenAPI answers (here in OpenAI's error shape); past
+    ``max_queued_requests`` queued requests a body is refused with a 503."""
+    openai = OpenAIRoutes(engine, model_name, texts, max_queued_requests=max_queued_requests)
+    errors = (400, 413, 415, 404, 503)
+    routes = APIRouter()
+    routes.add_api_route(
+        "/v1/completions",
+        openai.completions,
+        methods=["POST"],
+        **docs("Completion", body="CompletionBody", errors=errors, stream="CompletionChunk",
+               openai=True),
+    )  # fmt: skip
+    routes.add_api_route(
+        "/v1/chat/completions",
+        openai.chat,
+        methods=["POST"],
+        **docs("ChatCompletion", body="ChatBody", errors=errors, stream="ChatCompletionChunk",
+               openai=True),
+    )  # fmt: skip
+    routes.add_api_route(
+        "/v1/models", openai.models, methods=["GET"], **docs("ModelList", openai=True)
+    )
+    return routes
+
+
 class OpenAIRoutes:
     """The OpenAI routes over one engine, serving it as ``model_name``."""
 
     def __init__(
-        self, engine: Any, model_name: str, texts: TokenTexts, token_bytes: TokenBytes | None = None
+        self,
+        engine: Any,
+        model_name: str,
+        texts: TokenTexts,
+        token_bytes: TokenBytes | None = None,
+        max_queued_requests: int | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.texts = texts
         self.token_bytes = token_bytes or TokenBytes(engine.tokenizer, texts)
+        self.max_queued_requests = max_queued_requests
         self.created = int(time.time())
         self._template_shows_tools: bool | None = None
 
@@ -277,7 +317,7 @@ class OpenAIRoutes:
             requests,
             where,
             prompt_field,
-            request.app.state.max_queued_requests,
+            self.max_queued_requests,
             sampling_path=lambda i, field: _sampling_path(field, body),
         )
         rid, created = f"{_ID_PREFIX[kind]}-{uuid.uuid4().hex}", int(time.time())

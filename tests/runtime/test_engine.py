@@ -17,7 +17,7 @@ from radixlang.runtime.block_pool import OutOfBlocksError, blocks_for
 from radixlang.runtime.engine import CacheBusyError, Engine, RequestError, parse_memory
 from radixlang.runtime.handle import GenerationError
 from radixlang.runtime.radix_cache import common_prefix_len
-from radixlang.runtime.request import FinishReason
+from radixlang.runtime.request import MAX_CACHE_SALT_CHARS, FinishReason
 from radixlang.runtime.scheduler import dfs_weight_order
 
 VOCAB = 160
@@ -779,7 +779,7 @@ def test_cache_salt_isolates_prefixes(folder):
     assert run_salted(eng, prompt, "b").cached_tokens >= 36
     assert again.output_ids == other.output_ids == default.output_ids == first.output_ids
     with pytest.raises(RequestError, match="cache_salt"):
-        eng.submit(prompt, GREEDY, cache_salt="x" * 1000)
+        eng.submit(prompt, GREEDY, cache_salt="x" * (MAX_CACHE_SALT_CHARS + 1))
     idle_blocks_are_free_or_cached(eng)
 
 
