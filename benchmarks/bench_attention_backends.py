@@ -76,7 +76,7 @@ def extend_case(spec: str) -> tuple[int, int, int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from radixlang.models import DEFAULT_MODEL
+    from radixlang.model_files import DEFAULT_MODEL
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL, help="model whose attention shape is used")
@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def attention_shape(model: str) -> dict[str, Any]:
     """Query heads, KV heads and head_dim of ``model``, or SmolLM2-135M's where it is absent."""
-    from radixlang.models import load_model_files
+    from radixlang.model_files import load_model_files
 
     try:
         config = load_model_files(model).config

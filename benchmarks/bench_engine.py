@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import Engine, resolve_dtype
 
 T = TypeVar("T")

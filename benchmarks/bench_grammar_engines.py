@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_structured

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 
 import radixlang.runtime.engine as engine_module
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.engine import Engine
 from radixlang.testing import NullForward

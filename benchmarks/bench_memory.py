@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixlang.models import DEFAULT_MODEL
+from radixlang.model_files import DEFAULT_MODEL
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.memory_report import MemoryReport
 

@@ -75,7 +75,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime.dtype_choice import choose_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

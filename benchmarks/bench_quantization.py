@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import ModelRunner, SequenceInput
 
 TEXT = Path(__file__).parent / "data" / "perplexity_text.txt"

@@ -48,7 +48,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray stays on 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import radixlang as sgl
-from radixlang.models import DEFAULT_MODEL
+from radixlang.model_files import DEFAULT_MODEL
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("W1_few_shot", "W2_self_consistency", "W3_tree_of_thought", "W4_multi_turn")

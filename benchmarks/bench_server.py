@@ -49,7 +49,7 @@ import httpx
 import torch
 from tqdm import tqdm
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import Engine
 from radixlang.server import metrics
 

@@ -59,7 +59,7 @@ from typing import Any
 import httpx
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.server import metrics
 
 HERE = Path(__file__).resolve().parent

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.testing import write_tiny_chat_model
 
 CUT: list[tuple[str, str]] = [

@@ -94,7 +94,7 @@ ln -sfn "$shipped" "$Q4_1"
 if [ -f "$F32" ]; then
     log "F32 GGUF already converted"
 else
-    hf_dir="$("$PYTHON" -c "from radixlang.models import load_model_files, DEFAULT_MODEL; \
+    hf_dir="$("$PYTHON" -c "from radixlang.model_files import load_model_files, DEFAULT_MODEL; \
 print(load_model_files(DEFAULT_MODEL).path)")"
     log "converting $hf_dir to F32 GGUF"
     # The converter imports sentencepiece even for a BPE tokenizer; the project venv lacks it.

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import BlockPool, ModelRunner, RadixCache, SequenceInput
 
 SYSTEM = (

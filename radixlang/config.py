@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radixlang.models import DEFAULT_MODEL
+from radixlang.model_files import DEFAULT_MODEL
 
 CONFIG_ENV = "RADIXLANG_CONFIG"
 SECTIONS = ("engine", "server")

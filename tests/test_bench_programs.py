@@ -264,7 +264,7 @@ def test_llama_server_runs_the_q4_1_gguf_when_built():
         binary, gguf = lc.find_server(), lc.find_gguf("q4_1")
     except lc.LlamaCppMissing as e:
         pytest.skip(str(e))
-    from radixlang.models import load_model_files
+    from radixlang.model_files import load_model_files
 
     tokenizer = load_model_files(bench.DEFAULT_MODEL).load_tokenizer()
     workload = bench.FewShot(

@@ -295,7 +295,7 @@ def test_dtype_regexes_agree_with_re(name):
 # ---- the default model's tokenizer -------------------------------------------------------------
 @pytest.mark.slow
 def test_default_tokenizer_masks_are_fast_and_right():
-    from radixlang.models import DEFAULT_MODEL, load_model_files
+    from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
     tokenizer = load_model_files(DEFAULT_MODEL).load_tokenizer()
     vocab = token_vocabulary(tokenizer, 49152)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from radixlang.bench_catalog import BenchmarkError, benchmarks_dir, find_benchmark
 from radixlang.cli import main
+from radixlang.cli.bench_catalog import BenchmarkError, benchmarks_dir, find_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

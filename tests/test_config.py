@@ -24,7 +24,7 @@ from radixlang.config import (
     check_values,
     load_config,
 )
-from radixlang.models import DEFAULT_MODEL
+from radixlang.model_files import DEFAULT_MODEL
 
 
 def write(tmp_path, text: str, name: str = "radixlang.toml"):
@@ -250,7 +250,7 @@ def test_generate_builds_its_engine_from_the_config_file(tmp_path, chat_model_di
         main(["generate", "Hello", "--config", str(path), "--max-new-tokens", "2", "--json"]) == 0
     )
     stats = json.loads(capsys.readouterr().out)["stats"]
-    from radixlang.models import load_model_files
+    from radixlang.model_files import load_model_files
 
     per_token = load_model_files(chat_model_dir).config.kv_bytes_per_token(4)  # float32
     pool_bytes = stats["blocks_total"] * 8 * per_token
@@ -282,7 +282,7 @@ def test_serve_takes_the_server_table_under_its_flags(tmp_path, chat_model_dir, 
 
 def test_a_setting_the_engine_lacks_is_refused_by_name(monkeypatch):
     import radixlang.runtime.engine
-    from radixlang.cli import _engine_kwargs
+    from radixlang.cli.commands import _engine_kwargs
 
     class OlderEngine:  # an Engine from before `threads`
         def __init__(

@@ -91,7 +91,7 @@ def test_the_contracts_hold_on_the_package(package_copy):
         # the language reaching the engine other than through backends/local.py
         ("lang/tracer.py", "import radixlang.runtime.request", "only through lang/backends"),
         # the model registry importing a layer
-        ("models.py", "import radixlang.kernels", "the top-level helpers"),
+        ("model_files.py", "import radixlang.kernels", "the top-level helpers"),
         # a circle inside a package: the request importing what imports it
         ("runtime/request.py", "import radixlang.runtime.scheduler", "no import circles"),
         ("repl/backends.py", "import radixlang.repl.local", "no import circles"),

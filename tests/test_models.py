@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from radixlang import models
-from radixlang.models import (
+from radixlang import model_files as models
+from radixlang.model_files import (
     DEFAULT_MODEL,
     ModelNotFoundError,
     ModelNotInstalledError,
@@ -95,7 +95,7 @@ def test_second_call_in_a_new_process_reuses_the_cache(default_files):
     # replaced by a failure there, and the call is timed end to end.
     code = (
         "import time; t = time.perf_counter()\n"
-        "import radixlang.models as m\n"
+        "import radixlang.model_files as m\n"
         "def fail(*a, **k): raise SystemExit('converted again')\n"
         "m.convert_gguf = fail\n"
         "f = m.load_model_files('smollm2-135m-instruct')\n"

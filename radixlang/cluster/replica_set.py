@@ -30,7 +30,7 @@ from typing import Any
 
 from radixlang.cluster.replica import EngineReplica
 from radixlang.cluster.router import BALANCE_ABS, BALANCE_REL, NoReplicaError, Route, Router
-from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, ModelFiles, load_model_files
 from radixlang.runtime.engine import (
     CacheBusyError,
     EngineClosedError,

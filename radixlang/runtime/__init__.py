@@ -1,6 +1,6 @@
 """The engine core: scheduler, radix cache, block pool, KV cache, model runner and sampling.
 
-It may import ``radixlang.kernels``, ``radixlang.constrain``, ``radixlang.models`` and
+It may import ``radixlang.kernels``, ``radixlang.constrain``, ``radixlang.model_files`` and
 ``radixlang.version``; never ``radixlang.lang`` or ``radixlang.server`` (pyproject's
 import-linter contracts). The public types load on first use, so importing one module of the
 package (the block pool, say) does not load the engine, the model code and transformers.

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from radixlang.constrain import ConstraintError, compile_grammar, token_vocabulary
-from radixlang.models import DEFAULT_MODEL, ModelFiles
+from radixlang.model_files import DEFAULT_MODEL, ModelFiles
 from radixlang.runtime import cache_store
 from radixlang.runtime.beam_search import (
     BeamGroup,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from radixlang import kernels
-from radixlang.models import DEFAULT_MODEL, ModelFiles, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, ModelFiles, load_model_files
 from radixlang.runtime.block_pool import RELEASED, blocks_for, dead_blocks
 from radixlang.runtime.cuda_graphs import DEFAULT_MAX_BATCH, DecodeGraphRunner, capture_sizes
 from radixlang.runtime.forward_batch import ForwardBatch

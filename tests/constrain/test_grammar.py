@@ -18,7 +18,7 @@ from radixlang.constrain import (
     json_schema_text,
 )
 from radixlang.constrain.grammar import closed_objects, unpack_bits
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
 EOS = 2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlang.models import DEFAULT_MODEL, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime.engine import Engine
 
 QUESTIONS = [

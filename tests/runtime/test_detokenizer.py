@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from radixlang.models import load_model_files
+from radixlang.model_files import load_model_files
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"

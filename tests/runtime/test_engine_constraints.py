@@ -13,7 +13,7 @@ import torch
 from tiny_models import make_tiny_llama_with_tokenizer, make_tiny_model
 
 from radixlang.constrain import GrammarConstraint, compile_grammar
-from radixlang.models import DEFAULT_MODEL
+from radixlang.model_files import DEFAULT_MODEL
 from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.engine import Engine, RequestError
 from radixlang.runtime.handle import GenerationError

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_models import KINDS, load_reference, make_tiny_model
 
-from radixlang.models import load_model_files
+from radixlang.model_files import load_model_files
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 
 ATOL = 2e-4

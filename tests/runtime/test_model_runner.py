@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_model
 
-from radixlang.models import UnsupportedModelError
+from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.block_pool import BlockPool
 from radixlang.runtime.kv_cache import KVCache, KVShape
 from radixlang.runtime.model_runner import BatchError, ModelRunner, SequenceInput

@@ -14,7 +14,7 @@ import jsonschema
 import lark
 import pytest
 
-from radixlang.models import DEFAULT_MODEL
+from radixlang.model_files import DEFAULT_MODEL
 from radixlang.runtime import Engine, FinishReason
 
 SAMPLES = 8

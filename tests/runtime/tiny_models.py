@@ -117,7 +117,7 @@ def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
     tokens), so that stop strings, regexes and chat prompts work on it."""
     import shutil
 
-    from radixlang.models import DEFAULT_MODEL, load_model_files
+    from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
     path = make_tiny_model("llama", folder, vocab_size=49152, **overrides)
     source = load_model_files(DEFAULT_MODEL).path

@@ -18,7 +18,7 @@ from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, Token
 from radixlang.lang.interpreter import join_program_threads
 from radixlang.lang.run_options import runtime_made, with_runtime_defaults
 from radixlang.lang.streamed_runs import SHUTDOWN_ERRORS
-from radixlang.models import ModelFiles
+from radixlang.model_files import ModelFiles
 from radixlang.runtime.engine import Engine, EngineClosedError, shutdown_live_engines
 from radixlang.runtime.radix_cache import common_prefix_len
 from radixlang.runtime.request import GenerateRequest, GenerationResult

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlang import kernels
-from radixlang.models import UnsupportedModelError
+from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
 from radixlang.runtime.models.linear import Int8Linear, InvariantLinear, Linear, make_linear

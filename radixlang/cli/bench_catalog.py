@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # radixlang/: radixlang.__file__'s folder
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # radixlang/: radixlang.__file__'s folder
 PREFIX = "bench_"
 RESULT_SUFFIXES = (".json", ".png")
 

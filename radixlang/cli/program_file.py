@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixlang import cache_report
+from radixlang.cli import cache_report
 from radixlang.lang.backends.base import Backend
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixlang.lang.run_options import get_default_backend, runtime_defaults, set_default_backend

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from radixlang.bench_catalog import BenchmarkError
+from radixlang.cli.bench_catalog import BenchmarkError
 from radixlang.config import (
     CLUSTER_KEYS,
     SERVER_SETTINGS,
@@ -34,7 +34,7 @@ from radixlang.config import (
     load_api_keys,
     load_config,
 )
-from radixlang.models import (
+from radixlang.model_files import (
     DEFAULT_MODEL,
     REGISTRY,
     ModelNotFoundError,
@@ -97,7 +97,7 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # a bad file fails before torch loads
-    from radixlang.cache_report import format_stats
+    from radixlang.cli.cache_report import format_stats
     from radixlang.runtime.engine import Engine, RequestError
 
     prompts = _read_prompts(args)
@@ -219,7 +219,7 @@ def _replica_set(config: Config, cluster: dict[str, Any]) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from radixlang.program_file import (
+    from radixlang.cli.program_file import (
         EndpointUse,
         LazyBackend,
         make_endpoint,
@@ -350,7 +350,7 @@ def _memory_workload(config: Config, max_new_tokens: int) -> tuple[MemoryReport,
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from radixlang.bench_catalog import find_benchmark, list_benchmarks, run_benchmark
+    from radixlang.cli.bench_catalog import find_benchmark, list_benchmarks, run_benchmark
 
     if args.name is None:
         benches = list_benchmarks()
@@ -645,7 +645,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BenchmarkError, ModelNotFoundError, UnsupportedModelError) as e:
         print(f"radixlang {args.command}: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
