@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, Protocol
 
-from radixlang.runtime.block_pool import BlockPool, IntegrityError
+from radixlang.runtime import radix_inspect
+from radixlang.runtime.block_pool import BlockPool
 from radixlang.runtime.kv_events import (
     CLEARED,
     REMOVED,
@@ -505,106 +505,14 @@ class RadixCache:
             self.kv_events.append(CLEARED)
         return freed
 
-    # ---- invariants ----------------------------------------------------------------------
+    # ---- inspection (radix_inspect.py) -----------------------------------------------------
     def check_integrity(self, external_refs: Mapping[int, int] | None = None) -> None:
         """Raise :class:`IntegrityError` unless the tree, its counters and the pool agree.
 
         ``external_refs`` (block -> references held outside the tree, e.g. by running requests)
         makes the pool check exact: every refcount must equal tree holders plus external ones.
         """
-        bs = self.block_size
-        holders: dict[int, list[tuple[_Node, int]]] = {}
-        tier_holders: dict[int, list[tuple[_Node, int]]] = {}
-        evictable = protected = nodes = tokens = tiered_tokens = 0
-        candidates: dict[_Node, int] = {}
-        tier_candidates: dict[_Node, int] = {}
-        _expect(self._roots.get("") is self.root, "the default salt's root is not the root")
-        _expect(
-            self._root_salts == {r: salt for salt, r in self._roots.items()},
-            "the roots' salts disagree with the roots",
-        )
-        for salt, root in self._roots.items():
-            _expect(root.parent is None and not root.tokens, f"salt {salt!r}: not a root")
-            _expect(salt == "" or bool(root.children), f"salt {salt!r}: an empty root is kept")
-        stack = list(self._roots.values())
-        while stack:
-            node = stack.pop()
-            children_locks = 0
-            for first_token, child in node.children.items():
-                _expect(child.parent is node, f"node {child.id}: wrong parent")
-                _expect(bool(child.tokens), f"node {child.id}: empty key")
-                _expect(child.tokens[0] == first_token, f"node {child.id}: keyed by wrong token")
-                _expect(child.start == node.end, f"node {child.id}: starts at {child.start}")
-                _expect(not child.evicted, f"node {child.id}: evicted but still in the tree")
-                children_locks += child.lock_ref
-                stack.append(child)
-            if node.parent is None:
-                continue
-            nodes += 1
-            first, last = node.start // bs, (node.end - 1) // bs
-            if self.kv_events is not None:
-                named = node.end // bs - first
-                _expect(len(node.hashes) == named, f"node {node.id}: hashes for {named} blocks")
-            device_children = [c for c in node.children.values() if not c.tiered]
-            if node.tiered:
-                _expect(self.tier is not None, f"node {node.id}: tiered, but there is no tier")
-                _expect(not node.blocks, f"node {node.id}: tiered but holds device blocks")
-                _expect(
-                    len(node.host_blocks) == last - first + 1,
-                    f"node {node.id}: {len(node.host_blocks)} tier blocks for {first}..{last}",
-                )
-                _expect(node.own_blocks == 0, f"node {node.id}: tiered with own device blocks")
-                _expect(not device_children, f"node {node.id}: a device node under a tiered one")
-                tiered_tokens += len(node.tokens)
-                if not node.lock_ref and not node.children:
-                    tier_candidates[node] = node.last_access
-                for j, b in enumerate(node.host_blocks):
-                    tier_holders.setdefault(b, []).append((node, first + j))
-                continue
-            tokens += len(node.tokens)
-            _expect(
-                len(node.blocks) == last - first + 1,
-                f"node {node.id}: {len(node.blocks)} blocks for indices {first}..{last}",
-            )
-            _expect(node.lock_ref >= children_locks, f"node {node.id}: lock below its children")
-            own = self._count_own_blocks(node)
-            _expect(own == node.own_blocks, f"node {node.id}: own blocks {node.own_blocks}!={own}")
-            if node.lock_ref:
-                protected += own
-            else:
-                evictable += own
-                if not device_children:
-                    candidates[node] = node.last_access
-            for j, b in enumerate(node.blocks):
-                holders.setdefault(b, []).append((node, first + j))
-        _expect(nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes}")
-        _expect(tokens == self._cached_tokens, f"token count {self._cached_tokens} != {tokens}")
-        _expect(tiered_tokens == self._tiered_tokens, "tiered token count is off")
-        _expect(tier_candidates == self._tier_candidates, "tier candidates differ from the tree")
-        tier_live = {(stamp, node.id) for stamp, _, node in self._tier_heap}
-        for node, stamp in tier_candidates.items():
-            _expect((stamp, node.id) in tier_live, f"tiered leaf {node.id} has no heap entry")
-        _expect(evictable == self._evictable_blocks, "evictable size counter is off")
-        _expect(protected == self._protected_blocks, "protected size counter is off")
-        _expect(candidates == self._candidates, "eviction candidates differ from the tree")
-        live = {(stamp, node.id) for stamp, _, node in self._heap}
-        for node, stamp in candidates.items():
-            _expect((stamp, node.id) in live, f"leaf {node.id} has no live heap entry")
-        for b, hs in (*holders.items(), *tier_holders.items()):
-            if len(hs) > 1:  # one block, several nodes: an ancestor chain at one index
-                _expect(len({i for _, i in hs}) == 1, f"block {b} held at two block indices")
-                chain = sorted((n for n, _ in hs), key=lambda n: n.start)
-                for up, down in pairwise(chain):
-                    _expect(_is_ancestor(up, down), f"block {b} shared by nodes on two branches")
-        if self.tier is not None:  # only the tree holds tier blocks: the counts are exact
-            self.tier.pool.check_integrity(Counter({b: len(hs) for b, hs in tier_holders.items()}))
-        tree_refs = Counter({b: len(hs) for b, hs in holders.items()})
-        if external_refs is None:
-            for b, k in tree_refs.items():
-                _expect(self.pool.refcount(b) >= k, f"block {b}: refcount below tree holders")
-            self.pool.check_integrity()
-        else:
-            self.pool.check_integrity(tree_refs + Counter(external_refs))
+        radix_inspect.check_integrity(self, external_refs)
 
     def nodes_parents_first(self) -> list[_Node]:
         """Every node but the root, each after its parent (to save the tree)."""
@@ -616,66 +524,9 @@ class RadixCache:
             stack.extend(node.children.values())
         return out
 
-    # ---- rendering -----------------------------------------------------------------------
     def describe(self, max_nodes: int | None = None) -> dict[str, Any]:
-        """The tree as nested plain dicts (JSON-ready), for viewers such as the REPL's /tree.
-
-        Each node: ``id``, ``start``/``end`` (its token positions), ``token_ids`` (its edge),
-        ``blocks`` (pool ids), ``own_blocks`` (blocks no ancestor also holds), ``block_refs``
-        (each block's pool reference count: tree holders plus running requests), ``hits``
-        (matches that passed through it), ``tier_blocks`` (host-tier ids when its KV was
-        evicted to the tier, and then ``blocks`` is empty), ``lock_ref`` (running requests
-        whose path includes it), ``age`` (cache operations since it was last matched or
-        inserted: its LRU age) and ``children`` (by first token). The root (``id`` 0, no
-        tokens) also carries ``num_nodes``, ``shown_nodes`` (at most ``max_nodes``, depth-first) and
-        ``tree_blocks``, the distinct blocks the tree holds, and ``salted_roots``: the roots of
-        the other cache salts' trees (each with its ``salt``), which count in those figures too.
-        Read it where nothing mutates the cache (the engine thread: ``Engine._call``)."""
-        shown = 0
-        tree_blocks: set[int] = set()
-
-        def info(node: _Node) -> dict[str, Any]:
-            tree_blocks.update(node.blocks)
-            return {
-                "id": node.id,
-                "start": node.start,
-                "end": node.end,
-                "token_ids": list(node.tokens),
-                "blocks": list(node.blocks),
-                "own_blocks": node.own_blocks,
-                "block_refs": [self.pool.refcount(b) for b in node.blocks],
-                "tier_blocks": list(node.host_blocks),
-                "hits": node.hits,
-                "lock_ref": node.lock_ref,
-                "age": self._clock - node.last_access,
-                "children": [],
-            }
-
-        root = info(self.root)
-        salted = [info(r) | {"salt": salt} for salt, r in self._roots.items() if salt]
-        pairs = list(zip(self._roots.values(), [root, *salted], strict=True))
-        stack = [
-            (child, root_info)
-            for r, root_info in reversed(pairs)
-            for child in reversed(self._ordered_children(r))
-        ]
-        while stack:
-            node, parent_info = stack.pop()
-            if max_nodes is not None and shown >= max_nodes:
-                tree_blocks.update(node.blocks)  # counted, though not shown
-                stack.extend((c, parent_info) for c in node.children.values())
-                continue
-            shown += 1
-            node_info = info(node)
-            parent_info["children"].append(node_info)
-            stack.extend((c, node_info) for c in reversed(self._ordered_children(node)))
-        root.update(
-            num_nodes=self._num_nodes,
-            shown_nodes=shown,
-            tree_blocks=len(tree_blocks),
-            salted_roots=salted,
-        )
-        return root
+        """The tree as nested plain dicts (JSON-ready): :func:`radix_inspect.describe`."""
+        return radix_inspect.describe(self, max_nodes)
 
     def render(
         self,
@@ -683,44 +534,8 @@ class RadixCache:
         max_nodes: int = 200,
         max_chars: int = 32,
     ) -> str:
-        """The tree as text: one line per node with its span, blocks, hits and lock count."""
-        s = self.stats()
-        lines = [
-            f"radix cache: {s['nodes']} nodes, {s['cached_tokens']} tokens, "
-            f"{s['evictable_blocks']} evictable + {s['protected_blocks']} protected blocks, "
-            f"pool {s['pool_free_blocks']}/{s['pool_total_blocks']} free, "
-            f"hit rate {s['hit_rate']:.1%}"
-        ]
-        shown = 0
-        stack: list[tuple[_Node | str, str, bool]] = []
-        for salt, root in reversed(self._roots.items()):
-            kids = self._ordered_children(root)
-            stack.extend((c, "", i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
-            if salt:
-                stack.append((f"salt {salt!r}:", "", False))
-        while stack and shown < max_nodes:
-            node, indent, is_last = stack.pop()
-            if isinstance(node, str):  # the header of another salt's tree
-                lines.append(node)
-                continue
-            shown += 1
-            label = decode(node.tokens) if decode else " ".join(map(str, node.tokens))
-            if len(label) > max_chars:
-                label = label[: max_chars - 1] + "…"
-            lock = f" lock={node.lock_ref}" if node.lock_ref else ""
-            where = f"tier={len(node.host_blocks)}" if node.tiered else f"blocks={len(node.blocks)}"
-            lines.append(
-                f"{indent}{'└─' if is_last else '├─'} [{node.start}:{node.end}) {label!r} "
-                f"{where} hits={node.hits}{lock}"
-            )
-            kids = self._ordered_children(node)
-            child_indent = indent + ("   " if is_last else "│  ")
-            stack.extend(
-                (c, child_indent, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids)))
-            )
-        if shown < self._num_nodes:
-            lines.append(f"… {self._num_nodes - shown} more nodes")
-        return "\n".join(lines)
+        """The tree as text, a line a node: :func:`radix_inspect.render`."""
+        return radix_inspect.render(self, decode, max_nodes, max_chars)
 
     def salt_of(self, node: _Node) -> str:
         """The cache salt of the tree ``node`` is in (for saving the tree)."""
@@ -1094,21 +909,3 @@ class RadixCache:
         if node.evicted:
             raise StaleHandleError(f"{handle!r} names a path that is no longer cached")
         return node
-
-    @staticmethod
-    def _ordered_children(node: _Node) -> list[_Node]:
-        return sorted(node.children.values(), key=lambda c: c.tokens[0])
-
-
-def _is_ancestor(up: _Node, down: _Node) -> bool:
-    node = down.parent
-    while node is not None:
-        if node is up:
-            return True
-        node = node.parent
-    return False
-
-
-def _expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise IntegrityError(message)

@@ -574,11 +574,15 @@ def test_a_fault_outside_the_model_run_fails_what_is_queued_and_the_engine_goes_
     eng = engine(folder, background=True)
     try:
         real = eng.scheduler.schedule
-        calls = {"n": 0}
+        all_submitted, failed = threading.Event(), []
 
         def broken():
-            calls["n"] += 1
-            if calls["n"] == 3:
+            # The engine steps on only once all three are submitted (a loaded machine may run
+            # steps between two submits), and fails once it holds all three.
+            all_submitted.wait(timeout=60)
+            held = len(eng.scheduler.waiting) + len(eng.scheduler.running)
+            if not failed and held == 3:
+                failed.append(True)
                 raise RuntimeError("scheduler bug")
             return real()
 
@@ -586,6 +590,7 @@ def test_a_fault_outside_the_model_run_fails_what_is_queued_and_the_engine_goes_
         handles = [
             eng.submit(list(range(5, 20)), GREEDY | {"max_new_tokens": 30}) for _ in range(3)
         ]
+        all_submitted.set()
         results = [h.result(timeout=60, raise_on_error=False) for h in handles]
         assert all(r.finish_reason is FinishReason.ERROR for r in results)
         assert "scheduler bug" in results[0].error
