@@ -15,7 +15,7 @@ from radixlang.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from radixlang.runtime.block_pool import BlockPool, IntegrityError, OutOfBlocksError
     from radixlang.runtime.constraint import TokenConstraint
-    from radixlang.runtime.engine import CacheBusyError, Engine, EngineClosedError, RequestError
+    from radixlang.runtime.engine import CacheBusyError, Engine, EngineClosedError
     from radixlang.runtime.handle import GenerationError, RequestHandle
     from radixlang.runtime.model_runner import ModelRunner, SequenceInput, resolve_dtype
     from radixlang.runtime.radix_cache import CacheHandle, RadixCache
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         FinishReason,
         GenerateRequest,
         GenerationResult,
+        RequestError,
         StreamEvent,
     )
     from radixlang.runtime.sampling import SamplingParams, SamplingParamsError
@@ -36,7 +37,7 @@ _EXPORTS = {
     "CacheBusyError": "radixlang.runtime.engine",
     "Engine": "radixlang.runtime.engine",
     "EngineClosedError": "radixlang.runtime.engine",
-    "RequestError": "radixlang.runtime.engine",
+    "RequestError": "radixlang.runtime.request",
     "GenerationError": "radixlang.runtime.handle",
     "RequestHandle": "radixlang.runtime.handle",
     "ModelRunner": "radixlang.runtime.model_runner",

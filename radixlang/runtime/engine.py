@@ -20,25 +20,21 @@ import re
 import sys
 import threading
 import time
-import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from radixlang.constrain import ConstraintError, compile_grammar, token_vocabulary
+from radixlang.constrain import ConstraintError
 from radixlang.model_files import DEFAULT_MODEL, ModelFiles
-from radixlang.runtime import cache_store
+from radixlang.runtime import admission, cache_store
 from radixlang.runtime.beam_search import (
-    BeamGroup,
-    BeamSearchError,
     advance_beams,
     split_beam_rows,
 )
-from radixlang.runtime.block_pool import BlockPool, blocks_for
-from radixlang.runtime.constraint import TokenConstraint
+from radixlang.runtime.block_pool import BlockPool
 from radixlang.runtime.cpu_threads import ThreadGovernor
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.dtype_choice import AUTO, choose_dtype
@@ -57,19 +53,18 @@ from radixlang.runtime.overlap import (
 )
 from radixlang.runtime.program_log import ProgramLog
 from radixlang.runtime.radix_cache import RadixCache
-from radixlang.runtime.request import (
-    MAX_CACHE_SALT_CHARS,
+from radixlang.runtime.request import (  # RequestError: re-exported, its old home
     FinishReason,
     GenerateRequest,
     GenerationResult,
     Req,
+    RequestError,
     StreamEvent,
     TopLogprobs,
     as_request,
 )
 from radixlang.runtime.sampling import (
     SamplingParams,
-    SamplingParamsError,
     SamplingRow,
     all_plain_greedy,
     sample,
@@ -90,10 +85,6 @@ DEFAULT_COMPILE_TIMEOUT_S = 5.0
 OVERLAP_SWITCH_INTERVAL_S = 0.00005
 
 Prompt = str | Sequence[int]
-
-
-class RequestError(ValueError):
-    """A request the engine refuses at submission (bad prompt, bad sampling parameters)."""
 
 
 class EngineClosedError(RuntimeError):
@@ -345,7 +336,7 @@ class Engine:
                 )
             self.files = self.runner.files
             self.tokenizer = _load_tokenizer(self.files)
-            self.eos_token_ids = self._eos_token_ids()
+            self.eos_token_ids = admission.eos_token_ids(self.files, self.tokenizer)
             self.pool = BlockPool(self.runner.num_blocks, block_size, copy_hook=self._copy_block)
             tier_bytes = parse_memory(host_tier_memory)
             self.host_tier = (
@@ -454,60 +445,8 @@ class Engine:
         by requests with the same salt."""
         request = as_request(request, sampling, request_id)
         salt = request.cache_salt if cache_salt is None else cache_salt
-        if not isinstance(salt, str) or len(salt) > MAX_CACHE_SALT_CHARS:
-            raise RequestError(
-                f"cache_salt must be a string of at most {MAX_CACHE_SALT_CHARS} characters"
-            )
-        params = self._sampling_params(request.sampling)
-        prompt_ids = self._prompt_ids(request)
-        # An unset max_new_tokens (the default) is cut to fit; a given one must fit, unless
-        # allow_auto_truncate cuts it too.
-        given = request.sampling
-        unset = given is None or (isinstance(given, Mapping) and "max_new_tokens" not in given)
-        self._check_fits(prompt_ids, params, cut_to_fit=unset or self.allow_auto_truncate)
-        constraint = self._constraint(request, params)
-        healed, first_token_mask = "", None
-        if params.token_healing and constraint is None and request.text is not None:
-            healed, first_token_mask = self._token_healing(prompt_ids)
-            if first_token_mask is not None:
-                prompt_ids = prompt_ids[:-1]
-        rid = request.request_id or uuid.uuid4().hex
-        req = Req(
-            rid=rid,
-            prompt_ids=prompt_ids,
-            params=params,
-            stop_ids=frozenset(params.stop_token_ids)
-            | (frozenset() if params.ignore_eos else self.eos_token_ids),
-            # A healed token re-decides the prompt's last one: it does not count against the
-            # limit, so a model that picks the same token gives the same text as without.
-            max_new_tokens=min(
-                params.max_new_tokens + (first_token_mask is not None),
-                self.max_context - len(prompt_ids),
-            ),
-            generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
-            constraint=constraint,
-            first_token_mask=first_token_mask,
-            cache_salt=salt,
-        )
-        if params.beam_width > 1:
-            if constraint is not None:
-                raise RequestError("beam search does not support a constraint")
-            try:
-                req.beam = BeamGroup(req, self.tokenizer, self.runner.vocab_size)
-            except BeamSearchError as e:
-                raise RequestError(str(e)) from None
-        detokenizer = None
-        if self.tokenizer is not None:
-            try:
-                detokenizer = IncrementalDetokenizer(
-                    self.tokenizer,
-                    prompt_ids,
-                    params.stop,
-                    params.skip_special_tokens,
-                    skip_text=healed,
-                )
-            except (TypeError, ValueError) as e:
-                raise RequestError(f"stop: {e}") from None
+        req, detokenizer = admission.admit(self, request, salt)
+        rid = req.rid
         handle = RequestHandle(rid, self.abort, on_event, on_result)
         with self._lock:
             if self._closed:
@@ -1495,132 +1434,6 @@ class Engine:
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(req, FinishReason.ABORT)
             self._complete(req)
-
-    # ---- validation ------------------------------------------------------------------------
-    def _sampling_params(self, sampling: SamplingParams | dict | None) -> SamplingParams:
-        try:
-            if sampling is None:
-                return SamplingParams()
-            if isinstance(sampling, dict):
-                return SamplingParams.from_dict(sampling)
-            if isinstance(sampling, SamplingParams):
-                sampling.validate()
-                return sampling
-        except SamplingParamsError as e:
-            raise RequestError(str(e)) from None
-        raise RequestError(f"sampling must be SamplingParams or a dict, not {type(sampling)}")
-
-    def _constraint(
-        self, request: GenerateRequest, params: SamplingParams
-    ) -> TokenConstraint | None:
-        """The request's constraint: its own, or one compiled from the sampling parameters'
-        regex, json_schema, ebnf or grammar (compiled on the caller's thread, not the engine's).
-        """
-        if request.constraint is not None:
-            if params.structured_output is not None:
-                kind = params.structured_output[0]
-                raise RequestError(f"give either sampling {kind} or a constraint, not both")
-            if not isinstance(request.constraint, TokenConstraint):
-                raise RequestError(
-                    "constraint must have allowed_mask(), advance(token_id) and is_finished(), "
-                    f"got {type(request.constraint).__name__}"
-                )
-            return request.constraint
-        structured = params.structured_output
-        if structured is None:
-            return None
-        kind, source = structured
-        if self.tokenizer is None:
-            raise RequestError(f"{kind} needs a tokenizer; model {self.files.name} has none")
-        try:
-            grammar = compile_grammar(
-                kind,
-                source,
-                self.tokenizer,
-                self.runner.vocab_size,
-                self.eos_token_ids,
-                self.grammar_compile_timeout,
-            )
-        except ConstraintError as e:
-            raise RequestError(f"{kind}: {e}") from None
-        return grammar.new_constraint()
-
-    def _token_healing(self, prompt_ids: list[int]) -> tuple[str, torch.Tensor | None]:
-        """``(text, mask)`` when the prompt's last token may be a cut-off longer token: its
-        text, and the tokens that start with it (the first output token must be one). A
-        prompt that ends on a clean boundary gets ``("", None)`` and is left as it is."""
-        if len(prompt_ids) < 2:
-            return "", None
-        vocab = token_vocabulary(self.tokenizer, self.runner.vocab_size)
-        last = prompt_ids[-1]
-        text = vocab.text[last] if 0 <= last < len(vocab.text) else None
-        ids = vocab.extending(text) if text else None
-        if not ids:
-            return "", None
-        mask = torch.zeros(self.runner.vocab_size, dtype=torch.bool)
-        mask[ids] = True
-        return text, mask
-
-    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
-        if (request.text is None) == (request.input_ids is None):
-            raise RequestError("give exactly one of text and input_ids")
-        if request.text is not None:
-            if not isinstance(request.text, str):
-                raise RequestError(f"text must be a string, not {type(request.text).__name__}")
-            if self.tokenizer is None:
-                raise RequestError(f"model {self.files.name} has no tokenizer: send input_ids")
-            ids = list(self.tokenizer.encode(request.text))
-        else:
-            ids = list(request.input_ids)  # type: ignore[arg-type]
-            vocab = self.runner.vocab_size
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise RequestError("input_ids must be a list of ints")
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise RequestError(f"input_ids hold ids outside [0, {vocab}): {bad[:5]}")
-        if not ids:
-            raise RequestError("the prompt is empty")
-        return ids
-
-    def _check_fits(
-        self, prompt_ids: list[int], params: SamplingParams, cut_to_fit: bool = True
-    ) -> None:
-        n = len(prompt_ids)
-        if (n >= self.max_context and params.max_new_tokens > 0) or n > self.max_context:
-            raise RequestError(
-                f"the prompt has {n} tokens; the model's context window is {self.max_context} "
-                f"tokens, which must also hold at least one generated token"
-            )
-        if not cut_to_fit and n + params.max_new_tokens > self.max_context:
-            raise RequestError(
-                f"max_new_tokens is {params.max_new_tokens}, but after the prompt's {n} tokens "
-                f"at most {self.max_context - n} fit in the context window of "
-                f"{self.max_context} tokens: ask for fewer (or let the engine cut it to fit: "
-                f"allow_auto_truncate)"
-            )
-        need = blocks_for(n + (params.max_new_tokens > 0), self.pool.block_size)
-        window = self.runner.sliding_window
-        if window is not None:
-            # Blocks before the window are released and chunks are at most a window long, so
-            # a request never holds more than two windows' worth (plus a block of alignment).
-            need = min(need, blocks_for(2 * window, self.pool.block_size) + 1)
-        if need > self.pool.num_blocks:
-            raise RequestError(
-                f"the prompt needs {need} KV blocks but the pool has {self.pool.num_blocks}: "
-                f"give the engine more kv_memory"
-            )
-        vocab = self.runner.vocab_size
-        if params.logit_bias and not all(t < vocab for t in params.logit_bias):
-            bad = sorted(t for t in params.logit_bias if t >= vocab)[:5]
-            raise RequestError(f"logit_bias holds token ids outside [0, {vocab}): {bad}")
-        if params.stop and self.tokenizer is None:
-            raise RequestError("stop strings need a tokenizer; this model has none")
-
-    def _eos_token_ids(self) -> frozenset[int]:
-        ids = set(self.files.config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return frozenset(ids)
 
 
 def _choose_overlap(

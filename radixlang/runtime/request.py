@@ -20,6 +20,11 @@ from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.radix_cache import CacheHandle
 from radixlang.runtime.sampling import SamplingParams, SamplingRow
 
+
+class RequestError(ValueError):
+    """A request the engine refuses at submission (bad prompt, bad sampling parameters)."""
+
+
 # (token id, log-probability) pairs, best first.
 TopLogprobs = list[tuple[int, float]]
 # The longest cache salt the engine takes: any string, which only seeds the cache's hashes (a
