@@ -755,15 +755,34 @@ class Engine:
             else:
                 self._governor.update()
         started = time.perf_counter()
-        if self._device is not None and (self._sync_rids or self._inflight is None):
+        if self._device is None:
+            return self._step_one_at_a_time(started)
+        return self._step_overlapped(started)
+
+    def _step_one_at_a_time(self, started: float) -> bool:
+        """Schedule, run the batch, sample and take its tokens, all before returning."""
+        schedule = self.scheduler.schedule()
+        for req in schedule.finished:
+            self._complete(req)
+        if not schedule.chunks:
+            self._account(started, 0)
+            return bool(schedule.finished)
+        self._account(started, self._run_batch(schedule.chunks))
+        self._check_step()
+        return True
+
+    def _step_overlapped(self, started: float) -> bool:
+        """Schedule step N+1 while step N's forward runs on the device thread: a batch of plain
+        decodes is launched, and then step N's tokens are taken. A step with a prefill chunk,
+        or a request that needs each token before the next schedule, runs after a fence."""
+        new_tokens = 0
+        if self._sync_rids or self._inflight is None:
             # Nothing to overlap with, or a request that needs each token before the next
             # schedule: the previous step's tokens first.
             new_tokens = self._fence()
             if not self.scheduler.has_work():
                 self._account(started, new_tokens)
                 return bool(new_tokens)
-        else:
-            new_tokens = 0
         schedule = self.scheduler.schedule()
         for req in schedule.finished:
             self._complete(req)
@@ -772,9 +791,8 @@ class Engine:
             new_tokens += self._fence()
             self._account(started, new_tokens)
             return bool(schedule.finished or new_tokens)
-        if self._device is None:
-            new_tokens += self._run_batch(chunks)
-        elif not self._sync_rids and all(_plain_decode(c) for c in chunks):
+        assert self._device is not None
+        if not self._sync_rids and all(_plain_decode(c) for c in chunks):
             launched = self._launch(chunks)
             previous, self._inflight = self._inflight, launched
             if previous is not None:
@@ -785,9 +803,12 @@ class Engine:
             if chunks:
                 new_tokens += self._device.run(functools.partial(self._run_batch, chunks))
         self._account(started, new_tokens)
+        self._check_step()
+        return True
+
+    def _check_step(self) -> None:
         if self.check_integrity_every_step:
             self.scheduler.check_integrity()
-        return True
 
     def _account(self, started: float, new_tokens: int) -> None:
         now = time.perf_counter()
