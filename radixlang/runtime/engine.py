@@ -29,7 +29,7 @@ import torch
 
 from radixlang.constrain import ConstraintError
 from radixlang.model_files import DEFAULT_MODEL, ModelFiles
-from radixlang.runtime import admission, cache_store
+from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
     advance_beams,
     split_beam_rows,
@@ -1186,9 +1186,8 @@ class Engine:
     def _ends_before(self, req: Req, token: int) -> bool:
         """End ``req`` without ``token`` when its constraint is complete and the token would
         leave it (see ``TokenConstraint``)."""
-        ends_on = getattr(req.constraint, "ends_on", None)
         try:
-            if ends_on is None or not _may_end(req) or not ends_on(token):
+            if not token_output.ends_before(req, token):
                 return False
         except Exception as e:
             self._fail_constraint(req, e)
@@ -1226,48 +1225,13 @@ class Engine:
         position: int | None = None,
     ) -> None:
         """``token``, now the last real one of ``req.tokens`` (at ``position``; placeholders
-        may follow it), as output: logprobs, constraint, text, stops, the stream event, and the
-        end of the request when it ends here."""
-        constraint = req.constraint
-        tokens = req.tokens
-        if req.first_token_time is None:
-            req.first_token_time = time.perf_counter()
-        params = req.params
-        want_logprob = params.return_logprob
-        if want_logprob:
-            req.output_logprobs.append(logprob)
-            req.output_top_logprobs.append(top)
-        constraint_done = constraint_failed = False
-        if constraint is not None:
-            try:
-                constraint.advance(token)
-                constraint_done = constraint.is_finished()
-            except Exception as e:
-                req.error = f"constraint: {type(e).__name__}: {e}"
-                constraint_failed = True
+        may follow it), as output (``token_output.take_token``), its stream event, and the end
+        of the request when it ends here."""
         rid = req.rid
-        detok = self._detokenizers.get(rid)
-        reason = None
-        num_output = (len(tokens) if position is None else position + 1) - len(req.prompt_ids)
-        if token in req.stop_ids and not constraint_failed:
-            reason, req.matched_stop = FinishReason.STOP, token
-            text = detok.flush() if detok else ""
-        else:
-            check_stop = num_output >= params.min_new_tokens
-            text = detok.push(token, check_stop=check_stop) if detok else ""
-            if constraint_failed:
-                reason = FinishReason.ERROR
-                if detok is not None:
-                    text += detok.flush(check_stop=False)
-            elif detok is not None and detok.stopped:
-                reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
-            elif constraint_done or num_output >= req.max_new_tokens:
-                # A finished constraint ends the request as a stop with no matched stop.
-                reason = FinishReason.STOP if constraint_done else FinishReason.LENGTH
-                if detok is not None:
-                    text += detok.flush(check_stop=check_stop)
-                    if detok.stopped:  # the stop ended in text held back until now
-                        reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
+        text, reason = token_output.take_token(
+            req, token, logprob, top, self._detokenizers.get(rid), position
+        )
+        want_logprob = req.params.return_logprob
         handle = self._handles.get(rid)
         if handle is not None:
             handle.push(
@@ -1284,7 +1248,7 @@ class Engine:
                 )
             )
         if reason is not None:
-            if tokens[-1] < 0:  # overlap: the next step's placeholder, and its computed slot
+            if req.tokens[-1] < 0:  # overlap: the next step's placeholder, and its computed slot
                 _drop_placeholders(req)
             self.scheduler.finish(req, reason)
             self._complete(req)
@@ -1534,14 +1498,9 @@ def _mask_source(req: Req) -> Any:
     kind = type(req.constraint)
     if req.constraint.is_finished():
         return _FINISHED
-    if _may_end(req):
+    if token_output.may_end(req):
         return _MAY_END
     return kind if hasattr(kind, "batch_allowed_masks") else _SINGLE
-
-
-def _may_end(req: Req) -> bool:
-    may_end = getattr(req.constraint, "may_end", None)
-    return may_end is not None and req.num_output >= req.params.min_new_tokens and bool(may_end())
 
 
 def _first_token_mask(req: Req) -> torch.Tensor | None:
