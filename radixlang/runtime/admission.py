@@ -62,7 +62,7 @@ def admit(
         | (frozenset() if params.ignore_eos else engine.eos_token_ids),
         # A healed token re-decides the prompt's last one: it does not count against the
         # limit, so a model that picks the same token gives the same text as without.
-        max_new_tokens=min(
+        output_limit=min(
             params.max_new_tokens + (first_token_mask is not None),
             engine.max_context - len(prompt_ids),
         ),

@@ -129,7 +129,7 @@ class BeamGroup:
         num_output = self.num_output + 1
         scaled = length_normalised(values, num_output, params.length_penalty)
         parents, tokens = (flat // vocab).tolist(), (flat % vocab).tolist()
-        at_limit = num_output >= self.root.max_new_tokens
+        at_limit = num_output >= self.root.output_limit
         going: list[int] = []  # ranks of the candidates that run on
         for rank, (parent, token) in enumerate(zip(parents, tokens, strict=True)):
             if rank >= width and (at_limit or len(going) == width):
@@ -310,7 +310,7 @@ class BeamGroup:
             prompt_ids=root.prompt_ids,
             params=root.params,
             stop_ids=root.stop_ids,
-            max_new_tokens=root.max_new_tokens,
+            output_limit=root.output_limit,
             arrival=root.arrival,
             first_token_time=root.first_token_time,
             cached_tokens=root.cached_tokens,

@@ -873,7 +873,7 @@ class Engine:
         for i, chunk in enumerate(chunks):
             req = chunk.req
             commit(chunk)
-            if req.num_output >= req.max_new_tokens:
+            if req.num_output >= req.output_limit:
                 continue
             params = req.params
             if req.stop_ids and req.num_output < params.min_new_tokens:
@@ -980,7 +980,7 @@ class Engine:
             tokens = len(req.tokens)
             if chunk.end < tokens:
                 continue  # a prefill chunk: more of the prompt to come
-            if tokens - len(req.prompt_ids) < req.max_new_tokens:
+            if tokens - len(req.prompt_ids) < req.output_limit:
                 sampled.append(i)
                 constrained = constrained or req.constraint is not None
             else:  # prefill only: the prompt is cached now
@@ -1055,7 +1055,7 @@ class Engine:
             self._fail_constraint(req, e)
             return 0
         appended = 0
-        for token in forced[: req.max_new_tokens - req.num_output]:
+        for token in forced[: req.output_limit - req.num_output]:
             if req.finish_reason is not None:
                 break
             self._append_token(req, token, None, None)
@@ -1172,7 +1172,7 @@ class Engine:
             req = chunk.req
             if req.constraint is None or req.finish_reason is not None:
                 continue
-            if chunk.end < len(req.tokens) or req.num_output >= req.max_new_tokens:
+            if chunk.end < len(req.tokens) or req.num_output >= req.output_limit:
                 continue  # a prefill chunk, or nothing to sample
             try:
                 where = _mask_source(req)
@@ -1446,7 +1446,7 @@ def _needs_each_token(req: Req) -> bool:
         or req.beam is not None
         or req.first_token_mask is not None
         or req.wants_prompt_logprobs
-        or req.max_new_tokens <= 0
+        or req.output_limit <= 0
         or p.repetition_penalty != 1.0
         or p.frequency_penalty != 0.0
         or p.presence_penalty != 0.0

@@ -145,7 +145,7 @@ def request_rows(running: Sequence[Req], waiting: Sequence[Req]) -> list[dict[st
             "reused_tokens": reused,
             "computed_tokens": computed,
             "output_tokens": req.num_output,
-            "max_new_tokens": req.max_new_tokens,
+            "max_new_tokens": req.output_limit,
             "retractions": req.num_retractions,
             "age": now - req.arrival,
             "salt": req.cache_salt,

@@ -207,7 +207,9 @@ class Req:
     prompt_ids: list[int]
     params: SamplingParams
     stop_ids: frozenset[int]  # EOS (unless ignore_eos) and stop_token_ids
-    max_new_tokens: int  # params.max_new_tokens, clipped to the context window
+    # The most output tokens this request may produce: params.max_new_tokens (what was asked),
+    # plus one for a healed token, clipped to the context window.
+    output_limit: int
     tokens: list[int] = field(default_factory=list)  # prompt, then output
     status: ReqStatus = ReqStatus.WAITING
     arrival: float = field(default_factory=time.perf_counter)
@@ -278,7 +280,7 @@ class Req:
     def awaits_last_token(self) -> bool:
         """Overlapped scheduling: its last output token is still being sampled (a placeholder,
         see runtime/overlap.py), so it has nothing left to compute."""
-        return self.tokens[-1] < 0 and self.num_output >= self.max_new_tokens
+        return self.tokens[-1] < 0 and self.num_output >= self.output_limit
 
     @property
     def is_prefilling(self) -> bool:
@@ -292,7 +294,7 @@ class Req:
         prompt); a prompt's tokens are computed from one before the first position to score.
         """
         limit = len(self.tokens)
-        if self.num_output < self.max_new_tokens or self.wants_prompt_logprobs:
+        if self.num_output < self.output_limit or self.wants_prompt_logprobs:
             limit -= 1
         if self.wants_prompt_logprobs:
             limit = min(limit, max(self.next_prompt_logprob - 1, 0))

@@ -296,7 +296,7 @@ class Scheduler:
         # the window is full: it needs at most a window's worth more.
         cap = math.inf if self.sliding_window is None else self.sliding_window
         tokens = sum(
-            min(cap, max(0, r.max_new_tokens - r.num_output) * self.new_token_ratio)
+            min(cap, max(0, r.output_limit - r.num_output) * self.new_token_ratio)
             for r in self.running
         )
         return math.ceil(tokens / self.block_size)

@@ -54,7 +54,7 @@ def take_token(
             text += detok.flush(check_stop=False)
     elif detok is not None and detok.stopped:
         reason, req.matched_stop = FinishReason.STOP, detok.matched_stop
-    elif constraint_done or num_output >= req.max_new_tokens:
+    elif constraint_done or num_output >= req.output_limit:
         # A finished constraint ends the request as a stop with no matched stop.
         reason = FinishReason.STOP if constraint_done else FinishReason.LENGTH
         if detok is not None:
