@@ -198,20 +198,12 @@ def router(
     openai = OpenAIRoutes(engine, model_name, texts, max_queued_requests=max_queued_requests)
     errors = (400, 413, 415, 404, 503)
     routes = APIRouter()
-    routes.add_api_route(
-        "/v1/completions",
-        openai.completions,
-        methods=["POST"],
-        **docs("Completion", body="CompletionBody", errors=errors, stream="CompletionChunk",
-               openai=True),
-    )  # fmt: skip
-    routes.add_api_route(
-        "/v1/chat/completions",
-        openai.chat,
-        methods=["POST"],
-        **docs("ChatCompletion", body="ChatBody", errors=errors, stream="ChatCompletionChunk",
-               openai=True),
-    )  # fmt: skip
+    # path, handler, answer, body, stream event: the two generating routes
+    generating = [("/v1/completions", openai.completions, "Completion", "CompletionBody"),
+                  ("/v1/chat/completions", openai.chat, "ChatCompletion", "ChatBody")]  # fmt: skip
+    for path, handler, answer, body in generating:
+        answers = docs(answer, body=body, errors=errors, stream=f"{answer}Chunk", openai=True)
+        routes.add_api_route(path, handler, methods=["POST"], **answers)
     routes.add_api_route(
         "/v1/models", openai.models, methods=["GET"], **docs("ModelList", openai=True)
     )
