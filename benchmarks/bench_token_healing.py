@@ -135,10 +135,12 @@ def run_set(
 
 def healed_share(engine: Any, items: list[tuple[str, str]]) -> float:
     """The share of prompts whose last token token healing would back up."""
+    from radixlang.runtime import admission
+
     healed = 0
     for prompt, _ in items:
         ids = list(engine.tokenizer.encode(prompt))
-        healed += engine._token_healing(ids)[1] is not None
+        healed += admission.token_healing(engine, ids)[1] is not None
     return healed / len(items)
 
 
