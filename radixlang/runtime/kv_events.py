@@ -25,6 +25,7 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 STORED = "stored"
 REMOVED = "removed"
@@ -117,3 +118,56 @@ class KvEventLog:
             gap = seq + 1 < oldest
             skip = max(0, seq + 1 - oldest)
             return [self._events[i] for i in range(skip, len(self._events))], gap
+
+
+# ---- naming a radix tree's blocks (the tree's nodes: ``tokens``, ``start``, ``end``,
+# ``parent``, ``children``, ``hashes``; runtime/radix_cache.py) ----------------------------------
+def name_node_blocks(
+    log: KvEventLog, node: Any, seed: int, block_size: int, key: list[int] | None = None
+) -> None:
+    """Hash ``node``'s full blocks (``key``: the tokens from the root to at least its end),
+    keep the hashes on the node and announce them as stored."""
+    first, stop = node.start // block_size, node.end // block_size
+    if first == stop:
+        return
+    if key is None:
+        key = path_tokens(node)
+    previous = hash_on_path(node.parent, first - 1, seed, block_size)
+    node.hashes = block_hashes(key[: stop * block_size], block_size, first=first,
+                               previous=previous)  # fmt: skip
+    log.append(STORED, node.hashes, previous if first else None, seed)
+
+
+def hash_on_path(node: Any, index: int, seed: int, block_size: int) -> int:
+    """The hash of block ``index`` on the path ending at ``node`` (``seed`` before block 0)."""
+    if index < 0:
+        return seed
+    while node is not None and node.parent is not None:
+        first = node.start // block_size
+        if first <= index < first + len(node.hashes):
+            return node.hashes[index - first]
+        node = node.parent
+    raise AssertionError(f"block {index} has no hash on the path")
+
+
+def path_tokens(node: Any) -> list[int]:
+    """The tokens from the root to the end of ``node``."""
+    parts = []
+    while node is not None:
+        parts.append(node.tokens)
+        node = node.parent
+    return [t for part in reversed(parts) for t in part]
+
+
+def tree_block_hashes(roots: Sequence[tuple[str, Any]]) -> list[tuple[int, list[int]]]:
+    """Every named block under each salt's root, as (salt seed, hashes) per node."""
+    out = []
+    for salt, root in roots:
+        seed = salt_seed(salt)
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.hashes:
+                out.append((seed, list(node.hashes)))
+    return out

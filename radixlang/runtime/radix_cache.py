@@ -44,10 +44,10 @@ from radixlang.runtime.block_pool import BlockPool
 from radixlang.runtime.kv_events import (
     CLEARED,
     REMOVED,
-    STORED,
     KvEventLog,
-    block_hashes,
+    name_node_blocks,
     salt_seed,
+    tree_block_hashes,
 )
 
 
@@ -253,18 +253,7 @@ class RadixCache:
     def block_hashes(self) -> list[tuple[int, list[int]]]:
         """Every cached block's hash, as (salt seed, hashes) per node: the whole state a KV
         event consumer rebuilds from after falling behind (empty without KV events)."""
-        if self.kv_events is None:
-            return []
-        out = []
-        for salt, root in self.roots():
-            seed = salt_seed(salt)
-            stack = list(root.children.values())
-            while stack:
-                node = stack.pop()
-                stack.extend(node.children.values())
-                if node.hashes:
-                    out.append((seed, list(node.hashes)))
-        return out
+        return [] if self.kv_events is None else tree_block_hashes(self.roots())
 
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, tokens: Sequence[int], salt: str = "") -> MatchResult:
@@ -666,40 +655,9 @@ class RadixCache:
 
     # ---- KV events ---------------------------------------------------------------------------
     def _name_blocks(self, node: _Node, seed: int, key: list[int] | None = None) -> None:
-        """Hash ``node``'s blocks (``key``: the tokens from the root to at least its end) and
-        announce them as stored."""
+        """Hash ``node``'s blocks and announce them as stored (``kv_events.name_node_blocks``)."""
         assert self.kv_events is not None
-        bs = self.block_size
-        first, stop = node.start // bs, node.end // bs
-        if first == stop:
-            return
-        if key is None:
-            key = self._path_tokens(node)
-        previous = self._hash_of_block(node.parent, first - 1, seed)
-        node.hashes = block_hashes(key[: stop * bs], bs, first=first, previous=previous)
-        parent = previous if first else None
-        self.kv_events.append(STORED, node.hashes, parent, seed)
-
-    def _hash_of_block(self, node: _Node | None, index: int, seed: int) -> int:
-        """The hash of block ``index`` on the path ending at ``node`` (``seed`` before 0)."""
-        if index < 0:
-            return seed
-        bs = self.block_size
-        while node is not None and node.parent is not None:
-            first = node.start // bs
-            if first <= index < first + len(node.hashes):
-                return node.hashes[index - first]
-            node = node.parent
-        raise AssertionError(f"block {index} has no hash on the path")
-
-    @staticmethod
-    def _path_tokens(node: _Node) -> list[int]:
-        parts = []
-        up: _Node | None = node
-        while up is not None:
-            parts.append(up.tokens)
-            up = up.parent
-        return [t for part in reversed(parts) for t in part]
+        name_node_blocks(self.kv_events, node, seed, self.block_size, key)
 
     def _announce_removal(self, node: _Node) -> None:
         if self.kv_events is not None and node.hashes:
