@@ -48,7 +48,7 @@ def target_flag() -> str:
 
 
 def compile_flags(name: str) -> tuple[str, ...]:
-    return (FLAGS[0], target_flag(), *FLAGS[1:], *SOURCE_FLAGS.get(name, ()))
+    return (*FLAGS, target_flag(), *SOURCE_FLAGS.get(name, ()))
 
 
 class NativeBuildError(RuntimeError):

@@ -515,6 +515,11 @@ def components(body_models: list[tuple[str, type[BaseModel]]]) -> dict[str, Any]
     return {**schemas, **_RESPONSES}
 
 
+# What reading a JSON body can answer (``common.read_body``): malformed or invalid, too large,
+# not JSON. Every route with a body lists these among its errors.
+BODY_ERRORS = (400, 413, 415)
+
+
 def route_docs(
     ok: str | None,
     *,

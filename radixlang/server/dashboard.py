@@ -29,7 +29,7 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.engine_view import BLOCK_STATES, FREE
 from radixlang.server import metrics
-from radixlang.server.api_schema import snapshot_events
+from radixlang.server.api_schema import BODY_ERRORS, snapshot_events
 from radixlang.server.common import read_body
 
 log = logging.getLogger(__name__)
@@ -361,7 +361,7 @@ def add_routes(app: Any, dashboard: Dashboard, docs: Callable[..., dict[str, Any
                       **docs("ProgramList", errors=keyed))  # fmt: skip
     app.add_api_route(API + "/programs", report_program, methods=["POST"],
                       **docs("ProgramId", body="ProgramReport",
-                             errors=(*keyed, 400, 413, 415)))  # fmt: skip
+                             errors=(*keyed, *BODY_ERRORS)))  # fmt: skip
     app.add_api_route(API + "/events", events, methods=["GET"],
                       **docs(None, events=snapshot_events(), errors=keyed))  # fmt: skip
 

@@ -42,6 +42,7 @@ from radixlang.runtime.request import (
     TopLogprobs,
 )
 from radixlang.runtime.sampling import STRUCTURED_OUTPUT
+from radixlang.server.api_schema import BODY_ERRORS
 from radixlang.server.common import (
     MAX_BODY_CACHE_SALT_CHARS,
     MAX_ROUTING_KEY_CHARS,
@@ -297,7 +298,7 @@ def router(
 
     @routes.post(
         "/generate",
-        **docs("GenerateResponse", body="GenerateBody", errors=(400, 413, 415, 503),
+        **docs("GenerateResponse", body="GenerateBody", errors=(*BODY_ERRORS, 503),
                stream="GenerateResult"), name="generate",
     )  # fmt: skip
     async def generate_route(request: Request) -> Response:

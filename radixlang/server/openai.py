@@ -36,6 +36,7 @@ from radixlang.runtime.request import (
     StreamEvent,
 )
 from radixlang.server import tools as tooling
+from radixlang.server.api_schema import BODY_ERRORS
 from radixlang.server.common import (
     MAX_BODY_CACHE_SALT_CHARS,
     MAX_ROUTING_KEY_CHARS,
@@ -196,9 +197,10 @@ def router(
     ``docs(ok, **kw)`` gives a route's OpenAPI answers (here in OpenAI's error shape); past
     ``max_queued_requests`` queued requests a body is refused with a 503."""
     openai = OpenAIRoutes(engine, model_name, texts, max_queued_requests=max_queued_requests)
-    errors = (400, 413, 415, 404, 503)
+    errors = (*BODY_ERRORS, 404, 503)
     routes = APIRouter()
-    # path, handler, answer, body, stream event: the two generating routes
+    # The two generating routes: path, handler, answer (its stream events are "<answer>Chunk"),
+    # body.
     generating = [("/v1/completions", openai.completions, "Completion", "CompletionBody"),
                   ("/v1/chat/completions", openai.chat, "ChatCompletion", "ChatBody")]  # fmt: skip
     for path, handler, answer, body in generating:

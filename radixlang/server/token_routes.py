@@ -12,9 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from radixlang.runtime.engine import Engine
+from radixlang.server.api_schema import BODY_ERRORS
 from radixlang.server.common import APIError, read_body
-
-BODY_ERRORS = (400, 413, 415)
 
 
 class TokenizeBody(BaseModel):
