@@ -6,7 +6,6 @@ with ``import radixlang as sgl``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +19,13 @@ from radixlang.lang.structured import (
     only_one,
 )
 from radixlang.lang.structured import json_schema as structured_json_schema
+from radixlang.sampling_fields import (
+    FIELDS_BY_NAME,
+    PROGRAM_FIELDS,
+    SamplingParamsError,
+    check_value,
+    gen_arguments_help,
+)
 
 
 def gen(
@@ -54,6 +60,7 @@ def gen(
     beam_width: int | None = None,
     length_penalty: float | None = None,
     early_stopping: bool | None = None,
+    **sampling: Any,
 ) -> Expr:
     """Generate into variable ``name``. Unset arguments take the run's defaults (``run(...)``);
     ``choices=`` makes it a :func:`select`.
@@ -69,6 +76,9 @@ def gen(
     a finished beam's summed log-probabilities by its length to that power, and
     ``early_stopping=True`` stops once k beams are finished.
 
+    Any other sampling field of ``radixlang.sampling_fields.SAMPLING_FIELDS`` is a keyword
+    argument too (the table lists them all; see "Sampling arguments" below).
+
     Structured output (at most one of these, or ``dtype``/``choices``): ``regex=`` (the output
     fully matches it), ``json_schema=`` (a JSON-schema dict, its JSON text, or a pydantic model
     class: the output is compact JSON valid under it), ``grammar=`` (a Lark grammar with a
@@ -76,6 +86,10 @@ def gen(
     checked here, so a bad one raises :class:`~radixlang.lang.structured.StructuredOutputError`
     (a ``ValueError``) before anything runs. ``s[name]`` is the text; ``s.parsed(name)`` is the
     pydantic instance, the JSON value, or the ``dtype``'s value."""
+    given = {**locals(), **sampling}  # the sampling arguments by gen()'s names
+    unknown = sorted(set(sampling) - {f.gen for f in PROGRAM_FIELDS})
+    if unknown:
+        raise TypeError(f"gen() got an unexpected keyword argument {unknown[0]!r}")
     only_one(
         name,
         dict(regex=regex, json_schema=json_schema, grammar=grammar, ebnf=ebnf, dtype=dtype,
@@ -99,36 +113,21 @@ def gen(
         check_ebnf(name, ebnf)
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"gen({name!r}): n must be a positive int, got {n!r}")
-    _check_penalty_and_special_tokens(name, repetition_penalty, skip_special_tokens)
     if dtype is not None:
         from radixlang.constrain.dtypes import dtype_regex
 
         dtype_regex(dtype)  # unknown dtypes fail here, where the program names them
-    sampling = dict(
-        max_new_tokens=max_tokens,
-        min_new_tokens=min_tokens,
-        stop=stop,
-        stop_token_ids=stop_token_ids,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos,
-        return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num,
-        seed=seed,
-        repetition_penalty=repetition_penalty,
-        skip_special_tokens=skip_special_tokens,
-        beam_width=beam_width,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-    )
+    values = {f.name: given[f.gen] for f in PROGRAM_FIELDS if given[f.gen] is not None}
+    for key, value in values.items():
+        if not FIELDS_BY_NAME[key].gen_checks:
+            continue
+        try:
+            check_value(FIELDS_BY_NAME[key], value, python=True)
+        except SamplingParamsError as e:
+            raise ValueError(f"gen({name!r}): {e}") from None
     return Gen(
         name,
-        sampling,
+        values,
         n=n or 1,
         dtype=dtype,
         regex=regex,
@@ -136,25 +135,6 @@ def gen(
         grammar=grammar,
         ebnf=ebnf,
     )
-
-
-def _check_penalty_and_special_tokens(
-    name: str | None, repetition_penalty: Any, skip_special_tokens: Any
-) -> None:
-    if repetition_penalty is not None and (
-        isinstance(repetition_penalty, bool)
-        or not isinstance(repetition_penalty, int | float)
-        or not math.isfinite(repetition_penalty)
-        or repetition_penalty <= 0
-    ):
-        raise ValueError(
-            f"gen({name!r}): repetition_penalty must be a finite number > 0 (1 is none), "
-            f"got {repetition_penalty!r}"
-        )
-    if skip_special_tokens is not None and not isinstance(skip_special_tokens, bool):
-        raise ValueError(
-            f"gen({name!r}): skip_special_tokens must be True or False, got {skip_special_tokens!r}"
-        )
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
@@ -230,3 +210,8 @@ def flush_cache(backend: Any = None) -> bool:
     ``RuntimeEndpoint`` answers False then, as SGLang's does."""
     backend = backend or get_default_backend()
     return bool(backend is not None and backend.flush_cache())
+
+
+gen.__doc__ = (
+    f"{gen.__doc__}\n\n    Sampling arguments (unset: the run's default):\n{gen_arguments_help()}\n"
+)

@@ -9,10 +9,13 @@ on a real backend; the tracer records them into a call graph.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from radixlang.sampling_fields import PROGRAM_FIELDS
 
 if TYPE_CHECKING:
     from radixlang.lang.choices import ChoicesSamplingMethod
@@ -70,66 +73,37 @@ class Text(Expr):
         return f"Text({self.value!r})"
 
 
-# Sampling keys that are not sent when unset, so that the backend's own default applies.
-# max_new_tokens among them: an engine (and a server) cuts its default (128) to what the
-# context window has left, but refuses a max_new_tokens given that does not fit, as SGLang's
-# and OpenAI's servers do. So a gen without max_tokens near the end of the context still runs.
-_OPTIONAL = (
-    "max_new_tokens",
-    "seed",
-    "repetition_penalty",
-    "skip_special_tokens",
-    "beam_width",
-    "length_penalty",
-    "early_stopping",
-)
-
-
-@dataclasses.dataclass
-class SamplingDefaults:
-    """A program run's defaults for every gen call (the keyword arguments of ``run``)."""
-
-    max_new_tokens: int | None = None  # None: the backend's default (128, cut to fit)
-    min_new_tokens: int = 0
-    stop: list[str] | str = dataclasses.field(default_factory=list)
-    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    ignore_eos: bool = False
-    return_logprob: bool | None = None
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
-    seed: int | None = None
-    # None: not sent, so a backend's own default applies (1.0 and True everywhere).
-    repetition_penalty: float | None = None
-    skip_special_tokens: bool | None = None
-    beam_width: int | None = None
-    length_penalty: float | None = None
-    early_stopping: bool | None = None
-
+class _ResolveSampling:
     def resolve(self, overrides: dict[str, Any], extra_stop: Sequence[str] = ()) -> dict[str, Any]:
-        """The sampling parameters of one call: the defaults, with the call's overrides on top,
-        in the engine's names; ``extra_stop`` (the chat template's end of turn) is added."""
+        """The sampling parameters of one call: the call's overrides, else the run's defaults,
+        else the table's default (or nothing, for a field the backend defaults itself: see
+        ``SamplingField.omit_unset``), in the engine's names; ``extra_stop`` (the chat
+        template's end of turn) is added."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # a call's None leaves the run's default in place
-            value = overrides.get(f.name)
-            out[f.name] = getattr(self, f.name) if value is None else value
+        for f in PROGRAM_FIELDS:
+            value = overrides.get(f.name)  # a call's None leaves the run's default in place
+            if value is None:
+                value = getattr(self, f.name)
+            if value is None:
+                if f.omit_unset:
+                    continue
+                value = copy.copy(f.default)
+            out[f.name] = value
         stop = out["stop"]
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        stop = [stop] if isinstance(stop, str) else list(stop)
         out["stop"] = stop + [s for s in extra_stop if s not in stop]
-        out["stop_token_ids"] = list(out["stop_token_ids"] or [])
-        out["return_logprob"] = bool(out["return_logprob"])
-        out["top_logprobs_num"] = out["top_logprobs_num"] or 0
-        if out["logprob_start_len"] is None:
-            out["logprob_start_len"] = -1
-        for optional in _OPTIONAL:
-            if out[optional] is None:
-                del out[optional]
+        out["stop_token_ids"] = list(out["stop_token_ids"])
         return out
+
+
+# A program run's defaults for every gen call (the sampling keywords of ``run``, in the
+# engine's names): one field per program row of sampling_fields.SAMPLING_FIELDS, None unset.
+SamplingDefaults = dataclasses.make_dataclass(
+    "SamplingDefaults",
+    [(f.name, f.annotation | None, dataclasses.field(default=None)) for f in PROGRAM_FIELDS],
+    bases=(_ResolveSampling,),
+    namespace={"__module__": __name__},
+)
 
 
 class Gen(Expr):

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
         RequestError,
         StreamEvent,
     )
-    from radixlang.runtime.sampling import SamplingParams, SamplingParamsError
+    from radixlang.runtime.sampling import SamplingParams
     from radixlang.runtime.scheduler import SchedulePolicy
+    from radixlang.sampling_fields import SamplingParamsError
 
 _EXPORTS = {
     "BlockPool": "radixlang.runtime.block_pool",
@@ -50,7 +51,7 @@ _EXPORTS = {
     "GenerationResult": "radixlang.runtime.request",
     "StreamEvent": "radixlang.runtime.request",
     "SamplingParams": "radixlang.runtime.sampling",
-    "SamplingParamsError": "radixlang.runtime.sampling",
+    "SamplingParamsError": "radixlang.sampling_fields",
     "SchedulePolicy": "radixlang.runtime.scheduler",
 }
 

@@ -68,6 +68,7 @@ from radixlang.runtime.sampling import (
     SamplingRow,
     all_plain_greedy,
     sample,
+    uses_penalties,
 )
 from radixlang.runtime.scheduler import Chunk, Scheduler
 
@@ -1440,16 +1441,13 @@ def _needs_each_token(req: Req) -> bool:
     """Whether ``req``'s next step depends on its last token's value (so steps cannot
     overlap while it runs): a constraint's mask, beams, penalties over the output, prompt
     logprobs, token healing's first mask; or it samples nothing (a prefill-only request)."""
-    p = req.params
     return (
         req.constraint is not None
         or req.beam is not None
         or req.first_token_mask is not None
         or req.wants_prompt_logprobs
         or req.output_limit <= 0
-        or p.repetition_penalty != 1.0
-        or p.frequency_penalty != 0.0
-        or p.presence_penalty != 0.0
+        or uses_penalties(req.params)
     )
 
 

@@ -1,7 +1,8 @@
 """Sampling parameters and batched next-token sampling.
 
-:class:`SamplingParams` mirrors SGLang's sampling parameters (names, defaults, semantics) and
-validates them up front, so a bad request fails at admission with a message naming the field
+:class:`SamplingParams` mirrors SGLang's sampling parameters (names, defaults, semantics): one
+field per row of ``radixlang/sampling_fields.py``'s table, which also gives each field's check.
+It validates them up front, so a bad request fails at admission with a message naming the field
 rather than deep inside a batch.
 
 :func:`sample` turns one row of logits per running request into one token per request. Per row,
@@ -23,18 +24,24 @@ before penalties, masks, temperature or filtering: they describe the model, not 
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-# Inclusive range torch.Generator.manual_seed accepts.
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**64 - 1
+from radixlang.sampling_fields import (
+    FIELDS_BY_NAME,
+    SAMPLING_FIELDS,
+    STRUCTURED_OUTPUT,
+    SamplingField,
+    SamplingParamsError,
+    check_value,
+)
 
 # A top-p row without top-k first samples among this many best tokens (a topk, much cheaper than
 # sorting ~50k probabilities); it falls back to a full sort only when the nucleus may be larger.
@@ -57,161 +64,21 @@ _MAX_ID = (1 << _ID_BITS) - 1
 _TOP_BITS = 0x7FFFFFFF
 
 
-class SamplingParamsError(ValueError):
-    """A sampling parameter is invalid; the message names the field."""
-
-
-def _check_int(name: str, value: object) -> int:
-    # bool is an int subclass, but True as max_new_tokens is a caller bug, not a count.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SamplingParamsError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _check_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SamplingParamsError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise SamplingParamsError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return value
-
-
-# The sampling fields that constrain the output's form, each a kind radixlang.constrain compiles.
-STRUCTURED_OUTPUT = ("regex", "json_schema", "ebnf", "grammar")
-
-
-@dataclass
-class SamplingParams:
-    """Per-request sampling parameters (SGLang names and semantics).
-
-    ``stop`` also accepts a single string and ``stop``/``stop_token_ids`` accept None (both
-    normalised to lists). ``top_k`` 0 is normalised to -1 (off).
-    """
-
-    max_new_tokens: int = 128  # 0: prefill only, nothing is generated
-    min_new_tokens: int = 0  # stop tokens are masked until this many tokens were generated
-    temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 (or 0): off
-    min_p: float = 0.0
-    # HF/CTRL: over prompt + generated tokens, a positive logit is divided, a negative multiplied.
-    repetition_penalty: float = 1.0
-    # OpenAI: over generated tokens, logit -= frequency * count + presence * (count > 0).
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1  # -1: no prompt logprobs; else prompt logprobs from this position
-    # Structured output: at most one of these. The output must fully match the regex, be JSON
-    # valid under the schema (a dict or its JSON text), or be a sentence of the grammar (EBNF as
-    # SGLang takes it, or Lark syntax); the engine compiles it into per-token masks.
-    regex: str | None = None
-    json_schema: str | dict | None = None
-    ebnf: str | None = None
-    grammar: str | None = None
-    # Token healing (text prompts, unconstrained output): a prompt whose last token is a prefix
-    # of longer tokens (it ends in "http:" or a space) drops that token, and the first output
-    # token must start with its text, which is left out of the output text.
-    token_healing: bool = False
-    # OpenAI's logit_bias: token id -> a value in [-100, 100] added to its logit before
-    # sampling (-100 all but bans a token, +100 all but forces it). JSON's string keys are
-    # accepted and turned into ints.
-    logit_bias: dict[int, float] | None = None
-    # Beam search (transformers' num_beams with do_sample=False): beam_width > 1 keeps that many
-    # best sequences; a finished one scores sum(logprobs) / generated_tokens ** length_penalty.
-    # early_stopping: stop once beam_width sequences are finished (else when none can improve).
-    beam_width: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool = False
+class _SamplingParamsChecks:
+    """SamplingParams' checks and helpers; its fields are the table's (sampling_fields.py)."""
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Check every field (raising :class:`SamplingParamsError`) and normalise in place."""
-        self.max_new_tokens = _check_int("max_new_tokens", self.max_new_tokens)
-        if self.max_new_tokens < 0:
-            raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        self.min_new_tokens = _check_int("min_new_tokens", self.min_new_tokens)
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+        for f in SAMPLING_FIELDS:
+            setattr(self, f.name, check_value(f, getattr(self, f.name)))
+        p: Any = self
+        if not p.min_new_tokens <= p.max_new_tokens:
             raise SamplingParamsError(
-                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
-                f"got {self.min_new_tokens}"
-            )
-
-        self.temperature = _check_float("temperature", self.temperature)
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise SamplingParamsError(
-                f"temperature must be finite and >= 0, got {self.temperature}"
-            )
-        self.top_p = _check_float("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:  # also rejects NaN
-            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
-        self.top_k = _check_int("top_k", self.top_k)
-        if self.top_k < -1:
-            raise SamplingParamsError(f"top_k must be -1 (off), 0 (off) or > 0, got {self.top_k}")
-        if self.top_k == 0:
-            self.top_k = -1
-        self.min_p = _check_float("min_p", self.min_p)
-        if not 0 <= self.min_p <= 1:
-            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
-
-        self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty)
-        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise SamplingParamsError(
-                f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}"
-            )
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = _check_float(name, getattr(self, name))
-            if not -2 <= value <= 2:
-                raise SamplingParamsError(f"{name} must be in [-2, 2], got {value}")
-            setattr(self, name, value)
-
-        if self.seed is not None:
-            self.seed = _check_int("seed", self.seed)
-            if not _SEED_MIN <= self.seed <= _SEED_MAX:
-                raise SamplingParamsError(
-                    f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}"
-                )
-
-        self.stop = self._normalise_stop(self.stop)
-        self.stop_token_ids = self._normalise_stop_token_ids(self.stop_token_ids)
-        self.ignore_eos = _check_bool("ignore_eos", self.ignore_eos)
-        self.skip_special_tokens = _check_bool("skip_special_tokens", self.skip_special_tokens)
-
-        self.return_logprob = _check_bool("return_logprob", self.return_logprob)
-        self.top_logprobs_num = _check_int("top_logprobs_num", self.top_logprobs_num)
-        if self.top_logprobs_num < 0:
-            raise SamplingParamsError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
-        self.logprob_start_len = _check_int("logprob_start_len", self.logprob_start_len)
-        if self.logprob_start_len < -1:
-            raise SamplingParamsError(
-                f"logprob_start_len must be -1 (off) or >= 0, got {self.logprob_start_len}"
-            )
-        self.logit_bias = self._normalise_logit_bias(self.logit_bias)
-        for name in ("regex", "ebnf", "grammar"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise SamplingParamsError(
-                    f"{name} must be a str or None, got {type(value).__name__} {value!r}"
-                )
-        if self.json_schema is not None and not isinstance(self.json_schema, str | dict):
-            raise SamplingParamsError(
-                "json_schema must be a JSON-schema object or its JSON text, got "
-                f"{type(self.json_schema).__name__}"
-            )
-        if not isinstance(self.token_healing, bool):
-            raise SamplingParamsError(
-                f"token_healing must be true or false, got {self.token_healing!r}"
+                f"min_new_tokens must be in [0, max_new_tokens={p.max_new_tokens}], "
+                f"got {p.min_new_tokens}"
             )
         given = [name for name in STRUCTURED_OUTPUT if getattr(self, name) is not None]
         if len(given) > 1:
@@ -219,39 +86,33 @@ class SamplingParams:
         self._validate_beam_search()
 
     def _validate_beam_search(self) -> None:
-        self.beam_width = _check_int("beam_width", self.beam_width)
-        if self.beam_width < 1:
-            raise SamplingParamsError(f"beam_width must be >= 1 (1: off), got {self.beam_width}")
-        self.length_penalty = _check_float("length_penalty", self.length_penalty)
-        if not math.isfinite(self.length_penalty):
-            raise SamplingParamsError(f"length_penalty must be finite, got {self.length_penalty}")
-        self.early_stopping = _check_bool("early_stopping", self.early_stopping)
-        if self.beam_width == 1:
+        p: Any = self
+        if p.beam_width == 1:
             return
         # Beam search ranks sequences by their raw log-probabilities and draws nothing: a
         # request that asks for anything that would change them is refused, not half obeyed.
         # (Messages start with the field's name, as the server reports them.)
-        if self.temperature != 0:
+        if p.temperature != 0:
             raise SamplingParamsError(
-                f"temperature must be 0 with beam search (beam_width={self.beam_width}), which "
-                f"draws nothing; got {self.temperature}"
+                f"temperature must be 0 with beam search (beam_width={p.beam_width}), which "
+                f"draws nothing; got {p.temperature}"
             )
         unsupported = [
             name
-            for name, off in (
-                ("repetition_penalty", 1.0),
-                ("frequency_penalty", 0.0),
-                ("presence_penalty", 0.0),
-                ("logit_bias", None),
-                ("token_healing", False),
-                *((name, None) for name in STRUCTURED_OUTPUT),
+            for name in (
+                "repetition_penalty",
+                "frequency_penalty",
+                "presence_penalty",
+                "logit_bias",
+                "token_healing",
+                *STRUCTURED_OUTPUT,
             )
-            if getattr(self, name) != off
+            if getattr(self, name) != FIELDS_BY_NAME[name].default
         ]
         if unsupported:
             raise SamplingParamsError(
                 f"{', '.join(unsupported)}: not supported with beam search "
-                f"(beam_width={self.beam_width})"
+                f"(beam_width={p.beam_width})"
             )
 
     @property
@@ -263,76 +124,46 @@ class SamplingParams:
                 return name, value
         return None
 
-    @staticmethod
-    def _normalise_stop(stop: object) -> list[str]:
-        if stop is None:
-            return []
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list | tuple):
-            raise SamplingParamsError(
-                f"stop must be a str or a list of str, got {type(stop).__name__}"
-            )
-        for s in stop:
-            if not isinstance(s, str):
-                raise SamplingParamsError(f"stop entries must be str, got {type(s).__name__} {s!r}")
-            if not s:
-                # An empty stop string would match at every position and end every request.
-                raise SamplingParamsError("stop entries must be non-empty strings")
-        return list(stop)
-
-    @staticmethod
-    def _normalise_logit_bias(bias: object) -> dict[int, float] | None:
-        if bias is None or bias == {}:
-            return None
-        if not isinstance(bias, Mapping):
-            raise SamplingParamsError(
-                f"logit_bias must map token ids to numbers, got {type(bias).__name__}"
-            )
-        out: dict[int, float] = {}
-        for key, value in bias.items():
-            token = int(key) if isinstance(key, str) and key.isdigit() else key
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise SamplingParamsError(f"logit_bias keys must be token ids >= 0, got {key!r}")
-            value = _check_float(f"logit_bias[{key}]", value)
-            if not -100 <= value <= 100:  # also rejects NaN
-                raise SamplingParamsError(f"logit_bias values must be in [-100, 100], got {value}")
-            out[token] = value
-        return out
-
-    @staticmethod
-    def _normalise_stop_token_ids(ids: object) -> list[int]:
-        if ids is None:
-            return []
-        if isinstance(ids, str | bytes) or not isinstance(ids, list | tuple | set | frozenset):
-            raise SamplingParamsError(
-                f"stop_token_ids must be a list of int, got {type(ids).__name__}"
-            )
-        out = [_check_int("stop_token_ids entry", i) for i in ids]
-        for i in out:
-            if i < 0:
-                raise SamplingParamsError(f"stop_token_ids entries must be >= 0, got {i}")
-        return out
-
     @property
     def is_greedy(self) -> bool:
         """Deterministic argmax decoding: no random draw is made for this request."""
-        return self.temperature == 0 or self.top_k == 1
+        p: Any = self
+        return p.temperature == 0 or p.top_k == 1
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
         """Build from a request's JSON object; unknown keys are rejected, None means default."""
         if not isinstance(d, Mapping):
             raise SamplingParamsError(f"sampling params must be an object, got {type(d).__name__}")
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(str(k) for k in d if k not in valid)
+        unknown = sorted(str(k) for k in d if k not in FIELDS_BY_NAME)
         if unknown:
             raise SamplingParamsError(
                 f"unknown sampling parameter(s) {', '.join(unknown)}; "
-                f"valid keys: {', '.join(valid)}"
+                f"valid keys: {', '.join(FIELDS_BY_NAME)}"
             )
-        # JSON clients often send null for "unset": leave the dataclass default in place.
-        return cls(**{k: v for k, v in d.items() if v is not None})
+        # JSON clients often send null for "unset": leave the default in place.
+        return SamplingParams(**{k: v for k, v in d.items() if v is not None})
+
+
+def _field(f: SamplingField) -> Any:
+    if isinstance(f.default, list | dict):
+        return field(default_factory=lambda: copy.copy(f.default))
+    return field(default=f.default)
+
+
+# Per-request sampling parameters (SGLang's names and semantics): a dataclass with one field
+# per row of sampling_fields.SAMPLING_FIELDS (type, default; checked at construction).
+SamplingParams = make_dataclass(
+    "SamplingParams",
+    [(f.name, f.annotation, _field(f)) for f in SAMPLING_FIELDS],
+    bases=(_SamplingParamsChecks,),
+    namespace={
+        "__doc__": "Per-request sampling parameters (SGLang names and semantics), one field per "
+        "row of ``radixlang.sampling_fields.SAMPLING_FIELDS``; checked and normalised at "
+        "construction (``stop`` may be a str, ``top_k`` 0 becomes -1).",
+        "__module__": __name__,
+    },
+)
 
 
 @dataclass
@@ -364,7 +195,8 @@ def _stop_masked(row: SamplingRow) -> bool:
     return bool(row.stop_ids) and len(row.output_ids) < row.params.min_new_tokens
 
 
-def _uses_penalties(p: SamplingParams) -> bool:
+def uses_penalties(p: SamplingParams) -> bool:
+    """Whether ``p`` penalises tokens already seen (so a row's logits depend on its output)."""
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
@@ -838,9 +670,7 @@ def _plain(row: SamplingRow) -> bool:
         row.allowed_mask is None
         and not p.return_logprob
         and not p.logit_bias
-        and p.repetition_penalty == 1.0
-        and p.frequency_penalty == 0.0
-        and p.presence_penalty == 0.0
+        and not uses_penalties(p)
         and not _stop_masked(row)
     )
 
@@ -888,7 +718,7 @@ def sample(
         else [
             r.allowed_mask is not None
             or _stop_masked(r)
-            or _uses_penalties(r.params)
+            or uses_penalties(r.params)
             or bool(r.params.logit_bias)
             for r in rows
         ]

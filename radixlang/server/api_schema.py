@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from radixlang.sampling_fields import SAMPLING_FIELDS, SamplingField
 from radixlang.server.common import MAX_BODY_CACHE_SALT_CHARS, MAX_ROUTING_KEY_CHARS
 
 REF = "#/components/schemas/{model}"
@@ -58,36 +59,36 @@ def _error(code: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-# SGLang's sampling parameters, as /generate takes them (``sampling_params``); an unknown key is
-# a 400. Values are checked by the engine (ranges, regex syntax, ...): a bad one is a 400 too.
-_SAMPLING: dict[str, Any] = {
-    "max_new_tokens": _INT,
-    "min_new_tokens": _INT,
-    "temperature": _NUM,
-    "top_p": _NUM,
-    "top_k": _INT,
-    "min_p": _NUM,
-    "repetition_penalty": _NUM,
-    "frequency_penalty": _NUM,
-    "presence_penalty": _NUM,
+# A sampling field's values, by its kind (radixlang/sampling_fields.py).
+_KIND_SCHEMA: dict[str, dict[str, Any]] = {
+    "int": _INT,
+    "float": _NUM,
+    "bool": _BOOL,
     "seed": _nullable(_INT),
-    "sampling_seed": _nullable(_INT),
     "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
-    "stop_token_ids": _nullable(_INTS),
-    "ignore_eos": _BOOL,
-    "skip_special_tokens": _BOOL,
-    "return_logprob": _BOOL,
-    "top_logprobs_num": _INT,
-    "logprob_start_len": _INT,
-    "regex": _nullable(_STR),
-    "json_schema": {"anyOf": [_STR, _OPEN_OBJECT, {"type": "null"}]},
-    "ebnf": _nullable(_STR),
-    "grammar": _nullable(_STR),
-    "token_healing": _BOOL,
+    "token_ids": _nullable(_INTS),
+    "text": _nullable(_STR),
+    "schema": {"anyOf": [_STR, _OPEN_OBJECT, {"type": "null"}]},
     "logit_bias": _nullable({"type": "object", "additionalProperties": _NUM}),
-    "beam_width": _INT,
-    "length_penalty": _NUM,
-    "early_stopping": _BOOL,
+}
+
+
+def _sampling_field_schema(f: SamplingField) -> dict[str, Any]:
+    schema = {**_KIND_SCHEMA[f.kind], "description": f.help}
+    if f.kind in ("int", "float"):  # bounds of a plain number (seed's are torch's, not shown)
+        if f.minimum is not None:
+            schema["exclusiveMinimum" if f.exclusive_minimum else "minimum"] = f.minimum
+        if f.maximum is not None:
+            schema["maximum"] = f.maximum
+    return schema
+
+
+# SGLang's sampling parameters, as /generate takes them (``sampling_params``): the table's
+# fields, then SGLang's others. An unknown key is a 400; values are checked by the engine
+# (ranges, regex syntax, ...): a bad one is a 400 too.
+_SAMPLING: dict[str, Any] = {
+    **{f.name: _sampling_field_schema(f) for f in SAMPLING_FIELDS},
+    "sampling_seed": _nullable(_INT),
     "n": _nullable({"type": "integer", "minimum": 1, "maximum": 128}),
     "no_stop_trim": _BOOL,
     # Accepted only when off (null, false, "" or {}); ignored: spaces_between_special_tokens,

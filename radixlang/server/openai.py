@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +35,7 @@ from radixlang.runtime.request import (
     GenerationResult,
     StreamEvent,
 )
+from radixlang.sampling_fields import SAMPLING_FIELDS, SamplingField
 from radixlang.server import tools as tooling
 from radixlang.server.api_schema import BODY_ERRORS
 from radixlang.server.common import (
@@ -60,76 +61,71 @@ _ID_PREFIX = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}
 MAX_TOP_LOGPROBS = 20
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+# A body's type for each sampling field kind (JSON's: logit_bias keys are strings).
+_BODY_TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "seed": int,
+    "stop": str | list[str],
+    "token_ids": list[int],
+    "text": str,
+    "logit_bias": dict[str, float],
+}
 
+
+def _body_field(f: SamplingField) -> tuple[Any, Any]:
+    """A sampling field as an optional body field, with the table's bounds and help."""
+    bounds: dict[str, Any] = {"le": f.maximum}
+    bounds["gt" if f.exclusive_minimum else "ge"] = f.minimum
+    if f.kind == "float":
+        bounds["allow_inf_nan"] = False
+    bounds = {k: v for k, v in bounds.items() if v is not None}
+    return _BODY_TYPES[f.kind] | None, Field(default=None, description=f.help, **bounds)
+
+
+# The sampling fields OpenAI-style bodies take, under their OpenAI names, from the table
+# (radixlang/sampling_fields.py); unset (None): the engine's default.
+_SamplingBody = create_model(
+    "_SamplingBody",
+    __config__=ConfigDict(extra="forbid", strict=True),
+    **{f.openai: _body_field(f) for f in SAMPLING_FIELDS if f.openai is not None},
+)
+
+
+class _Body(_SamplingBody):  # type: ignore[misc,valid-type]
     model: str
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM-style extras
     cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int = Field(default=0, ge=0)
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    regex: str | None = None
-    ebnf: str | None = None
     response_format: dict[str, Any] | None = None
-    beam_width: int = Field(default=1, ge=1)
-    length_penalty: float | None = None
-    early_stopping: bool | None = None
 
     def sampling(self, max_tokens: int | None, default_max: int) -> dict[str, Any]:
         if max_tokens is not None and max_tokens < 0:
             raise APIError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
         sampling: dict[str, Any] = {
-            "max_new_tokens": default_max if max_tokens is None else max_tokens,
-            "min_new_tokens": self.min_tokens,
-            # Beam search is deterministic: without a temperature it asks for none.
-            "temperature": (
-                (0.0 if self.beam_width > 1 else 1.0)
-                if self.temperature is None
-                else self.temperature
-            ),
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-            "stop": self.stop,
-            "stop_token_ids": self.stop_token_ids,
-            "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": self.skip_special_tokens,
-            "seed": self.seed,
-            "regex": self.regex,
-            "ebnf": self.ebnf,
-            "json_schema": response_schema(self.response_format),
-            "logit_bias": self.logit_bias or None,
-            "beam_width": self.beam_width if self.beam_width > 1 else None,
-            "length_penalty": self.length_penalty,
-            "early_stopping": self.early_stopping,
+            f.name: getattr(self, f.openai) for f in SAMPLING_FIELDS if f.openai is not None
         }
-        if self.beam_width > 1 and self.n > 1:
+        beams = (self.beam_width or 1) > 1
+        sampling.update(
+            max_new_tokens=default_max if max_tokens is None else max_tokens,
+            # Beam search is deterministic: without a temperature it asks for none.
+            temperature=(0.0 if beams else 1.0) if self.temperature is None else self.temperature,
+            json_schema=response_schema(self.response_format),
+            logit_bias=self.logit_bias or None,
+            beam_width=self.beam_width if beams else None,
+        )
+        if beams and self.n > 1:
             raise APIError(
                 400,
                 "n > 1 with beam_width is not supported: the answer is the best beam",
                 param="n",
             )
-        if sampling["min_new_tokens"] > sampling["max_new_tokens"]:
+        if (self.min_tokens or 0) > sampling["max_new_tokens"]:
             raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
         given = [k for k in ("regex", "ebnf", "json_schema") if sampling[k] is not None]
         if len(given) > 1:

@@ -34,20 +34,18 @@ from radixlang.lang.backends.base import Backend
 from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
 from radixlang.lang.chat_template import PLAIN, ChatTemplate
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.sampling_fields import SAMPLING_FIELDS
 
 _SERVICE = "the OpenAI-compatible service"
 # Engine name -> (request name, default): sent only when a program sets another value.
-_EXTRAS: dict[str, tuple[str, Any]] = {
-    "top_k": ("top_k", -1),
-    "min_p": ("min_p", 0.0),
-    "repetition_penalty": ("repetition_penalty", 1.0),
-    "regex": ("regex", None),
-    "ebnf": ("ebnf", None),
-    "ignore_eos": ("ignore_eos", False),
-    "min_new_tokens": ("min_tokens", 0),
-    "stop_token_ids": ("stop_token_ids", []),
-    "skip_special_tokens": ("skip_special_tokens", True),
-}
+# The sampling fields an OpenAI-style request carries under their own names (beams and
+# logit_bias are not sent from programs; json_schema goes as response_format, below).
+_SENT = tuple(
+    f
+    for f in SAMPLING_FIELDS
+    if f.openai is not None
+    and f.name not in ("beam_width", "length_penalty", "early_stopping", "logit_bias")
+)
 # The program's text is not what a chat service sees: roles only mark message boundaries, and
 # no end-of-turn text is a stop string.
 CHAT_MESSAGES = ChatTemplate(name="chat-messages", prefix=PLAIN.prefix, suffix=PLAIN.suffix)
@@ -207,30 +205,25 @@ def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dic
             "gen(beam_width=...) needs a radixlang backend (a local Runtime or a "
             "RuntimeEndpoint): OpenAI-compatible APIs have no beam search here"
         )
-    out: dict[str, Any] = {
-        "max_tokens": sampling.get("max_new_tokens", 128),
-        "temperature": sampling.get("temperature", 1.0),
-        "top_p": sampling.get("top_p", 1.0),
-    }
-    stop = sampling.get("stop")
-    if stop:
-        out["stop"] = [stop] if isinstance(stop, str) else list(stop)
-    if sampling.get("seed") is not None:
-        out["seed"] = sampling["seed"]
-    out["frequency_penalty"] = sampling.get("frequency_penalty", 0.0)
-    out["presence_penalty"] = sampling.get("presence_penalty", 0.0)
-    out["n"] = 1
-    for name, (key, default) in _EXTRAS.items():
-        value = sampling.get(name)
-        if value is None or value == default or (name == "top_k" and value == 0):
+    out: dict[str, Any] = {"max_tokens": sampling.get("max_new_tokens", 128), "n": 1}
+    for f in _SENT:
+        value = sampling.get(f.name)
+        if f.openai_official:  # sent with the table's default; unset seed, no stop: not sent
+            value = f.default if value is None else value
+            if f.kind == "stop":
+                value = [value] if isinstance(value, str) else list(value)
+            if value is not None and value != []:
+                out[f.openai] = value
+            continue
+        if value is None or value == f.default or (f.name == "top_k" and value == 0):
             continue
         if official:  # OpenAI's own API has none of these: say so before it answers a 400
             raise NotImplementedError(
-                f"OpenAI's API has no {key}: gen({key}=...) cannot run on api.openai.com. Use a "
-                "radixlang, SGLang or vLLM server (RuntimeEndpoint, or OpenAI(base_url=...) "
-                "pointing at one), or a local Runtime"
+                f"OpenAI's API has no {f.openai}: gen({f.openai}=...) cannot run on "
+                "api.openai.com. Use a radixlang, SGLang or vLLM server (RuntimeEndpoint, or "
+                "OpenAI(base_url=...) pointing at one), or a local Runtime"
             )
-        out[key] = value
+        out[f.openai] = value
     if sampling.get("json_schema") is not None:
         schema = sampling["json_schema"]
         schema = json.loads(schema) if isinstance(schema, str) else schema
