@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +167,12 @@ def _origins_check(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _check_threads(threads: Any) -> int | None:
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
+    return threads
+
+
 def _bool_check(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("true or false")
@@ -215,6 +221,10 @@ class Setting:
     help: str
     metavar: str | None = None  # the flag's placeholder, where the kind's is not apt
     aliases: tuple[str, ...] = ()  # other spellings of the flag
+    # None is a value of its own (e.g. no time limit) where the default is not None.
+    nullable: bool = False
+    # A check of the Python API's values, where the kind's (of TOML values) is not the one.
+    python_check: Callable[[Any], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -223,6 +233,22 @@ class Setting:
     @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
+
+    def check_python(self, value: Any) -> Any:
+        """``value`` as a keyword argument gives it (``Engine(key=value)``), checked; raises
+        ``ValueError`` naming the key. Objects a file cannot hold (a Path, a torch dtype or
+        device, a ModelFiles) are checked where they are used."""
+        if self.python_check is not None:
+            return self.python_check(value)
+        if value is None and (self.default is None or self.nullable):
+            return None
+        if not isinstance(value, str | int | float | list | tuple):
+            return value
+        try:
+            return self.kind.check(value)
+        except ValueError:
+            what = "True or False" if self.kind is BOOL else self.kind.description
+            raise ValueError(f"{self.key} must be {what}, got {value!r}") from None
 
 
 ENGINE_SETTINGS = (
@@ -245,13 +271,17 @@ ENGINE_SETTINGS = (
             "admission order: lpm (longest cached prefix first), fcfs or dfs-weight"),
     Setting("engine", "max_context", POSITIVE_INT, None,
             "cap on a sequence's length in tokens (default: the model's context)"),
-    Setting("engine", "allow_auto_truncate", BOOL, None,
+    Setting("engine", "allow_auto_truncate", BOOL, False,
             "cut a max_new_tokens that does not fit in the context after the prompt to what "
             "fits, instead of refusing the request (a 400); SGLang's flag (default: off)"),
     Setting("engine", "threads", POSITIVE_INT, None,
             "CPU threads for the forward pass, fixed (default: torch's count, lowered while "
-            "other processes keep cores busy and raised again after)", aliases=("--cpu-threads",)),
-    Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), None,
+            "other processes keep cores busy and raised again after)", aliases=("--cpu-threads",),
+            python_check=_check_threads),
+    Setting("engine", "adapt_threads", BOOL, None,
+            "lower the forward's CPU threads while other processes keep cores busy, raise them "
+            "again after (default: on for CPUs without a fixed thread count)"),
+    Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), "none",
             "weights: none (the dtype's; the default), int8 (weight-only, one scale per "
             "output row; CPUs)"),
     Setting("engine", "host_tier_memory", SIZE, None,
@@ -263,11 +293,16 @@ ENGINE_SETTINGS = (
     Setting("engine", "cache_dir", TEXT, None,
             "a folder where the radix cache is saved at shutdown and loaded at start (and "
             "where the host tier's file lives)", metavar="DIR"),
-    Setting("engine", "grammar_compile_timeout", POSITIVE_SECONDS, None,
-            "seconds one request's regex, JSON schema or grammar may take to compile (default "
-            "5); a slower one is refused as a bad request"),
+    Setting("engine", "grammar_compile_timeout", POSITIVE_SECONDS, 5.0,
+            "seconds one request's regex, JSON schema or grammar may take to compile; a slower "
+            "one is refused as a bad request (None in Python: no limit)", nullable=True),
+    Setting("engine", "jump_forward", BOOL, True,
+            "jump-forward decoding: text a request's grammar forces is appended at once and "
+            "computed in the next step, not one decode step per token"),
+    Setting("engine", "overlap_masks", BOOL, True,
+            "fill grammar masks on a worker thread while the forward runs"),
     Setting("engine", "seed", INTEGER, 0, "the engine's sampling seed"),
-    Setting("engine", "kv_events", BOOL, None,
+    Setting("engine", "kv_events", BOOL, False,
             "announce the blocks the radix cache stores and removes (GET /kv_events), for "
             "routers"),
     Setting("engine", "overlap", BOOL, None,
@@ -276,9 +311,14 @@ ENGINE_SETTINGS = (
     Setting("engine", "cuda_graphs", BOOL, None,
             "replay decode steps as CUDA graphs, captured at start (default: on for CUDA "
             "with the Triton kernels)"),
-    Setting("engine", "deterministic", BOOL, None,
+    Setting("engine", "deterministic", BOOL, False,
             "deterministic inference: a request's logits, tokens and logprobs bitwise the "
             "same whatever else is in its batch (batch-invariant kernels; slower)"),
+    Setting("engine", "kv_dtype", _choice_kind(DTYPES[1:]), None,
+            "the KV cache's dtype (default: the weights')"),
+    Setting("engine", "check_integrity_every_step", BOOL, False,
+            "check the block pool's and the radix cache's invariants after every step (slow; "
+            "for debugging)"),
 )  # fmt: skip
 SERVER_SETTINGS = (
     Setting("server", "host", TEXT, "127.0.0.1", "address to listen on"),
@@ -317,6 +357,29 @@ CLUSTER_KEYS = ("replicas", "ray_address", "routing", "cpus_per_replica")
 SETTINGS = {s.name: s for s in (*ENGINE_SETTINGS, *SERVER_SETTINGS)}
 
 
+# ---- the engine's settings as one object ---------------------------------------------------
+class _CheckedOnCreation:
+    def __post_init__(self) -> None:
+        for s in ENGINE_SETTINGS:
+            object.__setattr__(self, s.key, s.check_python(getattr(self, s.key)))
+
+
+# Everything an Engine is made with: one field per [engine] setting (its key, its default; None:
+# the engine decides, as each setting's help says), checked when made. The file's [engine]
+# table, the command line's flags and Engine(**kwargs) all build one.
+EngineConfig = make_dataclass(
+    "EngineConfig",
+    [(s.key, Any, field(default=s.default)) for s in ENGINE_SETTINGS],
+    bases=(_CheckedOnCreation,),
+    frozen=True,
+    namespace={
+        "__module__": __name__,
+        "__doc__": "An engine's settings: one field per ``ENGINE_SETTINGS`` row (key, default, "
+        "help), each checked when the config is made (a ``ValueError`` names the key).",
+    },
+)
+
+
 # ---- the configuration ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Config:
@@ -342,6 +405,10 @@ class Config:
             if value is not None and (not only_given or f"engine.{key}" in self.given)
         }
         return kwargs
+
+    def engine_config(self) -> Any:
+        """The engine settings as an :data:`EngineConfig` (what ``Engine(config=...)`` takes)."""
+        return EngineConfig(**self.engine_kwargs())
 
     def server_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``radixlang.server.app.serve`` (after the engine)."""
@@ -390,7 +457,7 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
-def _did_you_mean(word: str, options: Sequence[str]) -> str:
+def did_you_mean(word: str, options: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
@@ -418,7 +485,7 @@ def check_values(data: Mapping[str, Any], where: str = "config") -> dict[str, An
             if homes:  # a setting outside its table
                 hint = f": put it in the [{homes[0]}] table"
             else:
-                hint = _did_you_mean(section, SECTIONS) or ": the tables are [engine], [server]"
+                hint = did_you_mean(section, SECTIONS) or ": the tables are [engine], [server]"
             raise ConfigError(f"{where}: unknown key or table {section!r}{hint}")
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: {section!r} must be a table ([{section}])")
@@ -427,7 +494,7 @@ def check_values(data: Mapping[str, Any], where: str = "config") -> dict[str, An
             name = f"{section}.{key}"
             setting = SETTINGS.get(name)
             if setting is None:
-                raise ConfigError(f"{where}: unknown key {name!r}{_did_you_mean(key, keys)}")
+                raise ConfigError(f"{where}: unknown key {name!r}{did_you_mean(key, keys)}")
             try:
                 values[name] = setting.kind.check(value)
             except ValueError:
@@ -478,7 +545,7 @@ def load_config(
     flag_values = dict(flags or {})
     for name in flag_values:
         if name not in SETTINGS:
-            raise ConfigError(f"unknown setting {name!r}{_did_you_mean(name, list(SETTINGS))}")
+            raise ConfigError(f"unknown setting {name!r}{did_you_mean(name, list(SETTINGS))}")
     source = config_path(path, environ)
     file_values = read_config_file(source) if source is not None else {}
     values = resolve(file_values, flag_values)

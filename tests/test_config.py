@@ -318,3 +318,40 @@ def test_api_keys_file_json_and_toml(tmp_path):
             (tmp_path / name).write_text(text)
         with pytest.raises(ConfigError, match="API-keys file"):
             load_api_keys(tmp_path / name)
+
+
+def test_engine_config_is_the_engine_settings_table():
+    """File, flags and keyword arguments make one EngineConfig: a field per [engine] setting,
+    its default the table's, each value checked by the setting's kind."""
+    import dataclasses
+
+    from radixlang.config import ENGINE_SETTINGS, EngineConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    assert fields == {s.key: s.default for s in ENGINE_SETTINGS}
+    config = load_config(None, {"engine.block_size": 32, "engine.dtype": "float32"}, environ={})
+    made = config.engine_config()
+    assert made.block_size == 32 and made.dtype == "float32" and made.jump_forward is True
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        EngineConfig(block_size=0)
+    with pytest.raises(ValueError, match="deterministic must be True or False"):
+        EngineConfig(deterministic="yes")
+    assert EngineConfig(grammar_compile_timeout=None).grammar_compile_timeout is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.block_size = 8
+
+
+def test_engine_takes_its_settings_as_keywords_or_as_a_config(tmp_path):
+    import inspect
+
+    from radixlang.config import ENGINE_SETTINGS, EngineConfig
+    from radixlang.runtime.engine import Engine
+
+    params = inspect.signature(Engine).parameters
+    assert [s.key for s in ENGINE_SETTINGS if s.key != "model"] == [
+        p for p in params if p not in ("model", "model_path", "background", "config")
+    ]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'kv_memry'.*kv_memory"):
+        Engine(kv_memry="1GiB")
+    with pytest.raises(TypeError, match="takes no other settings"):
+        Engine(config=EngineConfig(), num_blocks=8)

@@ -73,15 +73,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _engine_kwargs(config: Config, only_given: bool = False) -> dict[str, Any]:
-    """The configuration's Engine arguments, refused by name if this Engine lacks one."""
+    """The configuration's Engine arguments, refused by name if this Engine lacks one (one
+    at its default is left out instead: an engine without it behaves so)."""
     from radixlang.runtime.engine import Engine
 
     kwargs = config.engine_kwargs(only_given)
     accepted = inspect.signature(Engine).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    for key in kwargs:
-        if key not in accepted and not takes_any:
-            raise ConfigError(f"engine.{key} is not supported by this version of the engine")
+    for key, value in list(kwargs.items()):
+        if key in accepted or takes_any:
+            continue
+        if value == SETTINGS[f"engine.{key}"].default:
+            del kwargs[key]
+            continue
+        raise ConfigError(f"engine.{key} is not supported by this version of the engine")
     return kwargs
 
 

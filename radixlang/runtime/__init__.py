@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from radixlang.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from radixlang.config import EngineConfig
     from radixlang.runtime.block_pool import BlockPool, IntegrityError, OutOfBlocksError
     from radixlang.runtime.constraint import TokenConstraint
     from radixlang.runtime.engine import CacheBusyError, Engine, EngineClosedError
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "BlockPool": "radixlang.runtime.block_pool",
+    "EngineConfig": "radixlang.config",
     "IntegrityError": "radixlang.runtime.block_pool",
     "OutOfBlocksError": "radixlang.runtime.block_pool",
     "TokenConstraint": "radixlang.runtime.constraint",
@@ -63,6 +65,7 @@ __all__ = [
     "CacheHandle",
     "Engine",
     "EngineClosedError",
+    "EngineConfig",
     "FinishReason",
     "GenerateRequest",
     "GenerationError",

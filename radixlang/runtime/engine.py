@@ -15,6 +15,7 @@ import atexit
 import collections
 import concurrent.futures
 import functools
+import inspect
 import logging
 import re
 import sys
@@ -27,8 +28,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from radixlang.config import ENGINE_SETTINGS, EngineConfig, did_you_mean
 from radixlang.constrain import ConstraintError
-from radixlang.model_files import DEFAULT_MODEL, ModelFiles
+from radixlang.model_files import ModelFiles
 from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
     advance_beams,
@@ -37,7 +39,7 @@ from radixlang.runtime.beam_search import (
 from radixlang.runtime.block_pool import BlockPool
 from radixlang.runtime.cpu_threads import ThreadGovernor
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
-from radixlang.runtime.dtype_choice import AUTO, choose_dtype
+from radixlang.runtime.dtype_choice import choose_dtype
 from radixlang.runtime.engine_view import block_owners, request_rows, tree_view
 from radixlang.runtime.grammar_masks import MaskFiller
 from radixlang.runtime.handle import EventCallback, RequestHandle, ResultCallback
@@ -74,12 +76,13 @@ from radixlang.runtime.scheduler import Chunk, Scheduler
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ENGINE_KEYS = {s.key: s for s in ENGINE_SETTINGS}
 
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 8192}
 THROUGHPUT_WINDOW_S = 10.0
 # llguidance compiles the grammars people write in milliseconds; one that takes seconds is
 # pathological (or hostile), and its request is refused.
-DEFAULT_COMPILE_TIMEOUT_S = 5.0
+DEFAULT_COMPILE_TIMEOUT_S = ENGINE_KEYS["grammar_compile_timeout"].default
 # With overlap the device thread takes the GIL back after each op it runs without it; at
 # CPython's default switch interval (5 ms) it waited up to that long whenever the engine
 # thread was running Python, which undid the overlap (benchmarks/bench_host_overhead.py).
@@ -137,6 +140,11 @@ atexit.register(shutdown_live_engines)
 
 class Engine:
     """Continuous batching over a radix prefix cache on one model.
+
+    Its settings are keyword arguments, or ``config=EngineConfig(...)``: one per row of
+    ``radixlang.config.ENGINE_SETTINGS``, the table the ``[engine]`` config file and the
+    command line's flags are made from too (names, defaults, checks, help; ``radixlang config
+    --print`` lists them). The engine keeps them as :attr:`config`.
 
     ``model`` is a registered name, a local folder or ``.gguf`` file, or ``ModelFiles`` (the
     default model when omitted); ``model_path=`` is an alias (SGLang's name), not to be given
@@ -204,66 +212,21 @@ class Engine:
     def __init__(
         self,
         model: str | Path | ModelFiles | None = None,
-        kv_memory: int | str | None = None,
-        block_size: int = 16,
-        dtype: str | torch.dtype = AUTO,
-        device: str | torch.device = "cpu",
-        max_batch_tokens: int | None = None,
-        max_running_requests: int = 256,
-        schedule_policy: str = "lpm",
-        num_blocks: int | None = None,
-        kv_dtype: str | torch.dtype | None = None,
-        seed: int = 0,
-        background: bool = True,
-        check_integrity_every_step: bool = False,
-        jump_forward: bool = True,
-        overlap_masks: bool = True,
         *,
-        threads: int | None = None,
-        adapt_threads: bool | None = None,
-        quantization: str = "none",
-        max_context: int | None = None,
-        model_path: str | Path | ModelFiles | None = None,
-        host_tier_memory: int | str | None = None,
-        cache_dir: str | Path | None = None,
-        preemption: str | None = None,
-        grammar_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
-        kv_events: bool = False,
-        overlap: bool | None = None,
-        cuda_graphs: bool | None = None,
-        deterministic: bool = False,
-        allow_auto_truncate: bool = False,
+        background: bool = True,
+        config: EngineConfig | None = None,
+        **settings: Any,
     ) -> None:
-        if max_context is not None and (
-            not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
-        ):
-            raise ValueError(f"max_context must be a positive integer, got {max_context!r}")
-        self._max_context_cap = max_context
-        if grammar_compile_timeout is not None and not grammar_compile_timeout > 0:
-            raise ValueError(
-                f"grammar_compile_timeout must be seconds > 0 or None, got "
-                f"{grammar_compile_timeout!r}"
-            )
-        self.grammar_compile_timeout = grammar_compile_timeout
-        if model is not None and model_path is not None:
-            raise TypeError(
-                "Engine() got both model and model_path: they name the same argument "
-                "(model_path is SGLang's name for it), give one"
-            )
-        model = model if model is not None else model_path
-        model = DEFAULT_MODEL if model is None else model
-        self.threads = _check_threads(threads)
-        if not isinstance(deterministic, bool):
-            raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
-        self.deterministic = deterministic
-        if not isinstance(allow_auto_truncate, bool):
-            raise ValueError(
-                f"allow_auto_truncate must be True or False, got {allow_auto_truncate!r}"
-            )
-        self.allow_auto_truncate = allow_auto_truncate
-        self.overlap = _choose_overlap(overlap, device, host_tier_memory)
-        # Overlap: the device thread runs the model (and loads it: see boot() below); the step
-        # it has not answered yet (see step()).
+        config = _engine_config(model, config, settings)
+        self.config = config
+        self._max_context_cap = config.max_context
+        self.grammar_compile_timeout = config.grammar_compile_timeout
+        self.threads = config.threads
+        self.deterministic = config.deterministic
+        self.allow_auto_truncate = config.allow_auto_truncate
+        self.overlap = _choose_overlap(config.overlap, config.device, config.host_tier_memory)
+        # Overlap: the device thread runs the model (and loads it: see _build); the step it
+        # has not answered yet (see step()).
         self._device = DeviceWorker() if self.overlap else None
         if self._device is not None:
             # Stopped when the engine goes, or at exit if never shut down: a thread left in
@@ -275,14 +238,14 @@ class Engine:
         # Requests whose next token the engine must see before it schedules again: while any
         # is present, steps do not overlap.
         self._sync_rids: set[str] = set()
-        self.check_integrity_every_step = check_integrity_every_step
+        self.check_integrity_every_step = config.check_integrity_every_step
         # Jump-forward decoding: text a request's grammar forces is appended at once and
         # computed in the next step's extend, instead of one decode step per token.
-        self.jump_forward = jump_forward
+        self.jump_forward = config.jump_forward
         self._jump_forward_tokens = 0
         self._jump_forward_jumps = 0
         self._overlapped_steps = 0
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator().manual_seed(config.seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
         self._reqs: dict[str, Req] = {}
@@ -299,83 +262,92 @@ class Engine:
         self._busy_seconds = 0.0
         self._thread: threading.Thread | None = None
         self._went_idle = threading.Event()  # set by the engine thread when it runs out of work
+        cache_dir = config.cache_dir
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self.cache_load_report: dict[str, Any] | None = None  # what start-up loaded, or why not
 
-        def build() -> None:
-            if self.threads is not None:
-                torch.set_num_threads(self.threads)  # on the thread that runs the forwards
-            adapt = adapt_threads
-            if adapt is None:
-                adapt = self.threads is None and torch.device(device).type == "cpu"
-            self._governor = ThreadGovernor() if adapt else None
-            self.runner = ModelRunner(
-                model,
-                dtype=choose_dtype(dtype, device),
-                device=device,
-                block_size=block_size,
-                num_blocks=num_blocks,
-                kv_budget_bytes=parse_memory(kv_memory),
-                kv_dtype=kv_dtype,
-                quantization=quantization,
-                cuda_graphs=cuda_graphs,
-                deterministic=deterministic,
-            )
-            if self.runner.cuda_graphs:  # now, not at the first decode step (seconds)
-                try:
-                    self.runner.capture_cuda_graphs()
-                except Exception as e:
-                    if cuda_graphs:  # asked for outright: say so
-                        raise
-                    # On by default: an engine that runs eagerly beats one that does not start.
-                    log.warning("CUDA graph capture failed (%s); decoding eagerly", e)
-                    self.runner.cuda_graphs = False
-            cap, model_context = self._max_context_cap, self.runner.max_context
-            if cap is not None and cap > model_context:
-                raise ValueError(
-                    f"max_context {cap} exceeds the model's context window of {model_context}"
-                )
-            self.files = self.runner.files
-            self.tokenizer = _load_tokenizer(self.files)
-            self.eos_token_ids = admission.eos_token_ids(self.files, self.tokenizer)
-            self.pool = BlockPool(self.runner.num_blocks, block_size, copy_hook=self._copy_block)
-            tier_bytes = parse_memory(host_tier_memory)
-            self.host_tier = (
-                HostTier.from_budget(self.runner.kv, tier_bytes, self.cache_dir)
-                if tier_bytes
-                else None
-            )
-            self.cache = RadixCache(self.pool, self.host_tier)
-            if kv_events:
-                self.cache.enable_kv_events()
-            # On by default, on CPU too (default model, float32, batch 32, the JSON workload of
-            # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
-            # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
-            self._masks = MaskFiller(overlap_masks)
-            batch_tokens = max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
-                self.runner.device.type, 2048
-            )
-            self.scheduler = Scheduler(
-                self.pool,
-                self.cache,
-                batch_tokens,
-                max_running_requests,
-                schedule_policy,
-                sliding_window=self.runner.sliding_window,
-                preemption=preemption or ("swap" if self.host_tier is not None else "recompute"),
-            )
-            if self.cache_dir is not None:
-                self._load_saved_cache()
-
+        build: Callable[[], None] = self._build
         if self._device is not None:  # the model's thread team belongs to the device thread
             build = functools.partial(self._device.run, build)
-        if not background:
+        if background:
+            self._start_thread(build)
+        else:
             build()
-            return
-        # The engine thread loads the model too, so that all the engine's torch work runs on
-        # one thread: libgomp throttles its workers' spinning once a second thread owns an
-        # OpenMP team, which cost a quarter of the CPU decode speed when the caller's thread
-        # had loaded the model.
+
+    def _build(self) -> None:
+        """Load the model and make the pool, the cache and the scheduler (on the thread that
+        will run the forwards)."""
+        config = self.config
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)  # on the thread that runs the forwards
+        adapt = config.adapt_threads
+        if adapt is None:
+            adapt = self.threads is None and torch.device(config.device).type == "cpu"
+        self._governor = ThreadGovernor() if adapt else None
+        self.runner = ModelRunner(
+            config.model,
+            dtype=choose_dtype(config.dtype, config.device),
+            device=config.device,
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
+            kv_budget_bytes=parse_memory(config.kv_memory),
+            kv_dtype=config.kv_dtype,
+            quantization=config.quantization,
+            cuda_graphs=config.cuda_graphs,
+            deterministic=config.deterministic,
+        )
+        if self.runner.cuda_graphs:  # now, not at the first decode step (seconds)
+            try:
+                self.runner.capture_cuda_graphs()
+            except Exception as e:
+                if config.cuda_graphs:  # asked for outright: say so
+                    raise
+                # On by default: an engine that runs eagerly beats one that does not start.
+                log.warning("CUDA graph capture failed (%s); decoding eagerly", e)
+                self.runner.cuda_graphs = False
+        cap, model_context = self._max_context_cap, self.runner.max_context
+        if cap is not None and cap > model_context:
+            raise ValueError(
+                f"max_context {cap} exceeds the model's context window of {model_context}"
+            )
+        self.files = self.runner.files
+        self.tokenizer = _load_tokenizer(self.files)
+        self.eos_token_ids = admission.eos_token_ids(self.files, self.tokenizer)
+        self.pool = BlockPool(self.runner.num_blocks, config.block_size, copy_hook=self._copy_block)
+        tier_bytes = parse_memory(config.host_tier_memory)
+        self.host_tier = (
+            HostTier.from_budget(self.runner.kv, tier_bytes, self.cache_dir) if tier_bytes else None
+        )
+        self.cache = RadixCache(self.pool, self.host_tier)
+        if config.kv_events:
+            self.cache.enable_kv_events()
+        # On by default, on CPU too (default model, float32, batch 32, the JSON workload of
+        # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
+        # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
+        self._masks = MaskFiller(config.overlap_masks)
+        batch_tokens = config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
+            self.runner.device.type, 2048
+        )
+        self.scheduler = Scheduler(
+            self.pool,
+            self.cache,
+            batch_tokens,
+            config.max_running_requests,
+            config.schedule_policy,
+            sliding_window=self.runner.sliding_window,
+            preemption=config.preemption or ("swap" if self.host_tier is not None else "recompute"),
+        )
+        if self.cache_dir is not None:
+            self._load_saved_cache()
+
+    def _start_thread(self, build: Callable[[], None]) -> None:
+        """Start the engine thread, which builds the engine and then runs its loop; return once
+        it is built (raising what building raised).
+
+        The engine thread loads the model too, so that all the engine's torch work runs on one
+        thread: libgomp throttles its workers' spinning once a second thread owns an OpenMP
+        team, which cost a quarter of the CPU decode speed when the caller's thread had loaded
+        the model."""
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -1466,12 +1438,49 @@ def _drop_placeholders(req: Req) -> None:
     req.num_computed = min(req.num_computed, max(0, len(tokens) - 1))
 
 
-def _check_threads(threads: int | None) -> int | None:
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
-    return threads
+def _engine_config(
+    model: str | Path | ModelFiles | None, config: EngineConfig | None, settings: dict[str, Any]
+) -> EngineConfig:
+    """The engine's config: ``config`` as given, or one made from the keyword arguments."""
+    if "model_path" in settings:  # SGLang's name for model
+        model_path = settings.pop("model_path")
+        if model is not None and model_path is not None:
+            raise TypeError(
+                "Engine() got both model and model_path: they name the same argument "
+                "(model_path is SGLang's name for it), give one"
+            )
+        model = model if model is not None else model_path
+    if config is not None:
+        if model is not None or settings:
+            raise TypeError("Engine(config=...) takes no other settings: put them in the config")
+        return config
+    unknown = sorted(set(settings) - set(ENGINE_KEYS))
+    if unknown:
+        raise TypeError(
+            f"Engine() got an unexpected keyword argument {unknown[0]!r}"
+            f"{did_you_mean(unknown[0], ENGINE_KEYS)}"
+        )
+    if model is not None:
+        settings["model"] = model
+    return EngineConfig(**settings)
+
+
+def _signature() -> inspect.Signature:
+    """``Engine``'s signature as help and IDEs show it: a parameter per setting."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature(
+        [
+            inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+            inspect.Parameter("model_path", keyword, default=None),
+            *(inspect.Parameter(key, keyword, default=s.default) for key, s in ENGINE_KEYS.items()
+              if key != "model"),
+            inspect.Parameter("background", keyword, default=True),
+            inspect.Parameter("config", keyword, default=None),
+        ]
+    )  # fmt: skip
+
+
+Engine.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def load_tokenizer(files: ModelFiles) -> Any | None:
