@@ -351,7 +351,7 @@ def test_engine_takes_its_settings_as_keywords_or_as_a_config(tmp_path):
     assert [s.key for s in ENGINE_SETTINGS if s.key != "model"] == [
         p for p in params if p not in ("model", "model_path", "background", "config")
     ]
-    with pytest.raises(TypeError, match="unexpected keyword argument 'kv_memry'.*kv_memory"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'kv_memry'.*kv_memory"):
         Engine(kv_memry="1GiB")
     with pytest.raises(TypeError, match="takes no other settings"):
         Engine(config=EngineConfig(), num_blocks=8)
