@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from radixlang.runtime.engine import CacheBusyError, Engine, EngineClosedError
     from radixlang.runtime.handle import GenerationError, RequestHandle
     from radixlang.runtime.model_runner import ModelRunner, SequenceInput, resolve_dtype
-    from radixlang.runtime.radix_cache import CacheHandle, RadixCache
+    from radixlang.runtime.radix_cache import RadixCache
+    from radixlang.runtime.radix_node import CacheHandle
     from radixlang.runtime.request import (
         FinishReason,
         GenerateRequest,
@@ -46,7 +47,7 @@ _EXPORTS = {
     "ModelRunner": "radixlang.runtime.model_runner",
     "SequenceInput": "radixlang.runtime.model_runner",
     "resolve_dtype": "radixlang.runtime.model_runner",
-    "CacheHandle": "radixlang.runtime.radix_cache",
+    "CacheHandle": "radixlang.runtime.radix_node",
     "RadixCache": "radixlang.runtime.radix_cache",
     "FinishReason": "radixlang.runtime.request",
     "GenerateRequest": "radixlang.runtime.request",

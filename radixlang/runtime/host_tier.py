@@ -1,7 +1,7 @@
 """The radix cache's second tier: KV blocks in host memory, where evicted prefixes go.
 
 The radix cache copies an evicted node's blocks here instead of dropping them, and copies them
-back into fresh device blocks when a match reaches them (``radix_cache.TierStore``). The blocks
+back into fresh device blocks when a match reaches them (``radix_tier.TierStore``). The blocks
 have the device pool's shape and layout, with their own free list and reference counts (a
 ``BlockPool``): a tier block holds what its device block held, slot for slot.
 

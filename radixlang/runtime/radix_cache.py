@@ -27,7 +27,7 @@ descendants are all tiered, so a device leaf is a device node with no device chi
 runs into tiered nodes loads them back into fresh device blocks (evicting others if it must)
 instead of leaving them to be recomputed; an insert whose path crosses tiered nodes gives them
 the inserting writer's blocks. The tier has its own LRU over tiered leaves: when it is full the
-oldest are dropped for good.
+oldest are dropped for good. Those moves are ``radix_tier.py``'s (a mixin of this class).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from radixlang.runtime import radix_inspect
 from radixlang.runtime.block_pool import BlockPool
@@ -49,76 +49,12 @@ from radixlang.runtime.kv_events import (
     salt_seed,
     tree_block_hashes,
 )
-
-
-class TierStore(Protocol):
-    """Where evicted KV goes: a pool of host blocks and the copies between the two pools.
-
-    Blocks are copied whole: a host block holds what its device block held, slot for slot.
-    """
-
-    pool: BlockPool
-
-    def write(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
-        """Copy device blocks into host blocks (pairwise)."""
-
-    def read(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
-        """Copy host blocks into device blocks (pairwise)."""
-
-
-class StaleHandleError(RuntimeError):
-    """A handle points at a node that eviction or a flush has removed."""
+from radixlang.runtime.radix_node import CacheHandle, RadixNode, StaleHandleError
+from radixlang.runtime.radix_tier import TierMoves, TierStore
 
 
 class CacheInUseError(RuntimeError):
     """The operation needs an idle cache, but some path is still locked."""
-
-
-class _Node:
-    __slots__ = (
-        "blocks",
-        "children",
-        "evicted",
-        "hashes",
-        "hits",
-        "host_blocks",
-        "id",
-        "last_access",
-        "lock_ref",
-        "own_blocks",
-        "parent",
-        "start",
-        "tokens",
-    )
-
-    def __init__(
-        self, node_id: int, tokens: list[int], start: int, blocks: list[int], parent: _Node | None
-    ) -> None:
-        self.id = node_id
-        self.tokens = tokens
-        self.start = start
-        self.blocks = blocks
-        self.parent = parent
-        self.children: dict[int, _Node] = {}
-        self.lock_ref = 0
-        self.last_access = 0
-        self.hits = 0
-        self.own_blocks = 0  # blocks not also held by the parent (counted for sizes)
-        self.evicted = False
-        # Tiered: the KV is in these host-tier blocks (by block index, like ``blocks``) and
-        # ``blocks`` is empty.
-        self.host_blocks: list[int] = []
-        # With KV events on: the chain hashes of the full blocks whose last token is in this
-        # node, i.e. block indices [start // block_size, end // block_size).
-        self.hashes: list[int] = []
-
-    @property
-    def tiered(self) -> bool:
-        return bool(self.host_blocks)
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -137,28 +73,6 @@ class Eviction:
 
 EVICTION_LOG_SIZE = 64
 _EVICTION_HEAD_TOKENS = 48
-
-
-class CacheHandle:
-    """Names the cached path a match ended on; lock it to keep that path from eviction."""
-
-    __slots__ = ("_node",)
-
-    def __init__(self, node: _Node) -> None:
-        self._node = node
-
-    @property
-    def length(self) -> int:
-        """Number of tokens on the path from the root to this handle's node."""
-        return self._node.end
-
-    @property
-    def valid(self) -> bool:
-        return not self._node.evicted
-
-    def __repr__(self) -> str:
-        state = "valid" if self.valid else "evicted"
-        return f"CacheHandle(length={self.length}, {state})"
 
 
 @dataclass(frozen=True)
@@ -197,7 +111,7 @@ def _as_token_list(tokens: Sequence[int]) -> list[int]:
     return tolist() if tolist is not None else list(tokens)
 
 
-class RadixCache:
+class RadixCache(TierMoves):
     """Token-id radix tree over a :class:`BlockPool`, with LRU eviction of unlocked leaves."""
 
     def __init__(self, pool: BlockPool, tier: TierStore | None = None) -> None:
@@ -211,19 +125,19 @@ class RadixCache:
         # isolation). ``root`` is the default salt's ("") and always exists; another salt's root
         # is made by its first insert and dropped when its last child goes.
         self.root = self._new_node([], 0, [], None)
-        self._roots: dict[str, _Node] = {"": self.root}
-        self._root_salts: dict[_Node, str] = {self.root: ""}
+        self._roots: dict[str, RadixNode] = {"": self.root}
+        self._root_salts: dict[RadixNode, str] = {self.root: ""}
         self._clock = 0
         self._evictable_blocks = 0
         self._protected_blocks = 0
         self._num_nodes = 0  # excluding the root
         self._cached_tokens = 0
         # Eviction candidates (unlocked non-root leaves) -> the stamp of their live heap entry.
-        self._candidates: dict[_Node, int] = {}
-        self._heap: list[tuple[int, int, _Node]] = []
+        self._candidates: dict[RadixNode, int] = {}
+        self._heap: list[tuple[int, int, RadixNode]] = []
         # The same for the tier: unlocked tiered leaves.
-        self._tier_candidates: dict[_Node, int] = {}
-        self._tier_heap: list[tuple[int, int, _Node]] = []
+        self._tier_candidates: dict[RadixNode, int] = {}
+        self._tier_heap: list[tuple[int, int, RadixNode]] = []
         self._tiered_tokens = 0
         # Statistics for reports.
         self.match_queries = 0
@@ -503,9 +417,9 @@ class RadixCache:
         """
         radix_inspect.check_integrity(self, external_refs)
 
-    def nodes_parents_first(self) -> list[_Node]:
+    def nodes_parents_first(self) -> list[RadixNode]:
         """Every node but the root, each after its parent (to save the tree)."""
-        out: list[_Node] = []
+        out: list[RadixNode] = []
         stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
@@ -526,13 +440,13 @@ class RadixCache:
         """The tree as text, a line a node: :func:`radix_inspect.render`."""
         return radix_inspect.render(self, decode, max_nodes, max_chars)
 
-    def salt_of(self, node: _Node) -> str:
+    def salt_of(self, node: RadixNode) -> str:
         """The cache salt of the tree ``node`` is in (for saving the tree)."""
         while node.parent is not None:
             node = node.parent
         return self._root_salts.get(node, "")
 
-    def roots(self) -> list[tuple[str, _Node]]:
+    def roots(self) -> list[tuple[str, RadixNode]]:
         """Each cache salt's tree root, the default salt "" first (for viewers)."""
         return list(self._roots.items())
 
@@ -547,7 +461,7 @@ class RadixCache:
         return list(self._roots)
 
     # ---- internals -----------------------------------------------------------------------
-    def _root(self, salt: str) -> _Node:
+    def _root(self, salt: str) -> RadixNode:
         """The root of ``salt``'s tree; for a salt with nothing cached, a fresh root that
         :meth:`insert` registers once it hangs a prefix under it."""
         root = self._roots.get(salt)
@@ -555,28 +469,28 @@ class RadixCache:
             root = self._new_node([], 0, [], None)
         return root
 
-    def _drop_root_if_empty(self, root: _Node) -> None:
+    def _drop_root_if_empty(self, root: RadixNode) -> None:
         if root is not self.root and not root.children:
             salt = self._root_salts.pop(root, None)
             if salt is not None:
                 del self._roots[salt]
 
     def _new_node(
-        self, tokens: list[int], start: int, blocks: list[int], parent: _Node | None
-    ) -> _Node:
-        node = _Node(self._next_id, tokens, start, blocks, parent)
+        self, tokens: list[int], start: int, blocks: list[int], parent: RadixNode | None
+    ) -> RadixNode:
+        node = RadixNode(self._next_id, tokens, start, blocks, parent)
         self._next_id += 1
         return node
 
     def _walk(
-        self, key: list[int], split: bool, root: _Node | None = None
-    ) -> tuple[list[_Node], int]:
+        self, key: list[int], split: bool, root: RadixNode | None = None
+    ) -> tuple[list[RadixNode], int]:
         """The fully matched nodes along ``key`` (root excluded) and the matched length.
 
         With ``split``, a match that ends inside a node cuts it there, so the path ends exactly
         at the matched length; without, the length may reach into the node after the path.
         """
-        path: list[_Node] = []
+        path: list[RadixNode] = []
         node, pos = root if root is not None else self.root, 0
         while pos < len(key):
             child = node.children.get(key[pos])
@@ -592,7 +506,7 @@ class RadixCache:
             node = child
         return path, pos
 
-    def _split(self, node: _Node, k: int) -> _Node:
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Cut ``node`` after ``k`` tokens; returns the new upper part.
 
         The existing node object stays the lower part, so handles on it keep naming the same
@@ -633,7 +547,7 @@ class RadixCache:
         self._num_nodes += 1
         return upper
 
-    def _count_own_blocks(self, node: _Node) -> int:
+    def _count_own_blocks(self, node: RadixNode) -> int:
         """Blocks of ``node`` that no ancestor also holds: what evicting it would free.
 
         Only a node that starts inside a block can share one, its first, with the ancestors
@@ -654,23 +568,23 @@ class RadixCache:
         return len(node.blocks)
 
     # ---- KV events ---------------------------------------------------------------------------
-    def _name_blocks(self, node: _Node, seed: int, key: list[int] | None = None) -> None:
+    def _name_blocks(self, node: RadixNode, seed: int, key: list[int] | None = None) -> None:
         """Hash ``node``'s blocks and announce them as stored (``kv_events.name_node_blocks``)."""
         assert self.kv_events is not None
         name_node_blocks(self.kv_events, node, seed, self.block_size, key)
 
-    def _announce_removal(self, node: _Node) -> None:
+    def _announce_removal(self, node: RadixNode) -> None:
         if self.kv_events is not None and node.hashes:
             self.kv_events.append(REMOVED, node.hashes)
 
-    def _block_table(self, path: list[_Node]) -> list[int]:
+    def _block_table(self, path: list[RadixNode]) -> list[int]:
         table: list[int] = []
         for node in path:  # a deeper node's block wins at the index it shares with its parent
             del table[node.start // self.block_size :]
             table.extend(node.blocks)
         return table
 
-    def _evict_node(self, node: _Node) -> list[int]:
+    def _evict_node(self, node: RadixNode) -> list[int]:
         """Evict one unlocked device leaf (to the tier when there is one) and log it."""
         parent = node.parent
         assert parent is not None
@@ -682,7 +596,7 @@ class RadixCache:
         )  # fmt: skip
         return freed
 
-    def _remove_leaf(self, node: _Node) -> list[int]:
+    def _remove_leaf(self, node: RadixNode) -> list[int]:
         """Drop a device node with no children; returns the device blocks that became free."""
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0
@@ -700,137 +614,7 @@ class RadixCache:
         self._refresh_candidate(parent)
         return freed
 
-    # ---- the host tier ---------------------------------------------------------------------
-    def _demote(self, node: _Node) -> list[int]:
-        """Evict a device leaf into the tier (or drop it, with its tiered subtree, when the tier
-        cannot take it); returns the device blocks that became free."""
-        tier = self.tier
-        assert tier is not None and node.lock_ref == 0 and not node.tiered
-        need = len(node.blocks)
-        if tier.pool.num_free < need:
-            self._evict_tier(need - tier.pool.num_free)
-        if tier.pool.num_free < need:  # larger than the whole tier
-            for child in list(node.children.values()):
-                self._drop_tiered_subtree(child)
-            return self._remove_leaf(node)
-        host = tier.pool.alloc(need)
-        tier.write(node.blocks, host)
-        self._candidates.pop(node, None)
-        self._evictable_blocks -= node.own_blocks
-        node.own_blocks = 0
-        self._cached_tokens -= len(node.tokens)
-        self._tiered_tokens += len(node.tokens)
-        freed = self.pool.decref(node.blocks)
-        node.blocks, node.host_blocks = [], host
-        self.tier_written_blocks_total += need
-        self._refresh_candidate(node)
-        assert node.parent is not None
-        self._refresh_candidate(node.parent)
-        return freed
-
-    def _load(self, path: list[_Node]) -> tuple[list[_Node], int]:
-        """Load the tiered end of ``path`` back into device blocks, as many of its nodes as the
-        pool can take (evicting others for room); returns the device path and tokens loaded."""
-        tier = self.tier
-        assert tier is not None
-        split = next(i for i, node in enumerate(path) if node.tiered)
-        tiered = path[split:]
-        # Hold the whole path: eviction for room must touch neither its device part nor, in the
-        # tier, its tiered part.
-        hold = CacheHandle(path[-1])
-        self.lock(hold)
-        try:
-            wanted = list(dict.fromkeys(b for node in tiered for b in node.host_blocks))
-            if len(wanted) > self.pool.num_free:
-                self.evict(len(wanted) - self.pool.num_free)
-            fit, seen = 0, set()  # the longest run of nodes whose blocks fit
-            for node in tiered:
-                fresh = {b for b in node.host_blocks if b not in seen}
-                if len(seen) + len(fresh) > self.pool.num_free:
-                    break
-                seen |= fresh
-                fit += 1
-            loading = tiered[:fit]
-            host = [b for b in wanted if b in seen]
-            device = self.pool.alloc(len(host))
-            tier.read(host, device)
-            to_device = dict(zip(host, device, strict=True))
-            loaded = 0
-            for node in loading:
-                blocks = [to_device[b] for b in node.host_blocks]
-                parent = node.parent
-                assert parent is not None
-                if node.start % self.block_size and parent.blocks[-1:] == blocks[:1]:
-                    # A cut block shared with the parent in the tier is shared on the device too.
-                    self.pool.incref(blocks[:1])
-                self._to_device(node, blocks)
-                loaded += len(node.tokens)
-        finally:
-            self.unlock(hold)
-        self.tier_loaded_tokens_total += loaded
-        return path[: split + fit], loaded
-
-    def _adopt(self, node: _Node, blocks: Sequence[int]) -> None:
-        """A tiered node on an inserting writer's path takes the writer's blocks (the same KV)."""
-        first, last = node.start // self.block_size, (node.end - 1) // self.block_size
-        device = list(blocks[first : last + 1])
-        self.pool.incref(device)
-        self._to_device(node, device)
-
-    def _to_device(self, node: _Node, blocks: list[int]) -> None:
-        """Make a tiered node a device node holding ``blocks`` (one reference each, already
-        taken); its tier blocks are released. Its parent must be a device node."""
-        tier = self.tier
-        assert tier is not None and node.tiered
-        self._tier_candidates.pop(node, None)
-        tier.pool.decref(node.host_blocks)
-        node.host_blocks, node.blocks = [], blocks
-        node.own_blocks = self._count_own_blocks(node)
-        if node.lock_ref:
-            self._protected_blocks += node.own_blocks
-        else:
-            self._evictable_blocks += node.own_blocks
-        self._cached_tokens += len(node.tokens)
-        self._tiered_tokens -= len(node.tokens)
-        self._refresh_candidate(node)
-        assert node.parent is not None
-        self._refresh_candidate(node.parent)
-
-    def _evict_tier(self, num_blocks: int) -> int:
-        """Drop the tier's least recently used leaves until ``num_blocks`` of its blocks are
-        free; returns how many were freed."""
-        assert self.tier is not None
-        freed = 0
-        while freed < num_blocks and self._tier_heap:
-            stamp, _, node = heapq.heappop(self._tier_heap)
-            if self._tier_candidates.get(node) != stamp:
-                continue
-            freed += self._drop_tiered_leaf(node)
-        return freed
-
-    def _drop_tiered_leaf(self, node: _Node) -> int:
-        assert self.tier is not None and node.tiered and not node.children and not node.lock_ref
-        parent = node.parent
-        assert parent is not None
-        del parent.children[node.tokens[0]]
-        if parent.parent is None:
-            self._drop_root_if_empty(parent)
-        self._tier_candidates.pop(node, None)
-        node.evicted = True
-        self._num_nodes -= 1
-        self._tiered_tokens -= len(node.tokens)
-        self.tier_dropped_tokens_total += len(node.tokens)
-        freed = len(self.tier.pool.decref(node.host_blocks))
-        self._announce_removal(node)
-        self._refresh_candidate(parent)
-        return freed
-
-    def _drop_tiered_subtree(self, node: _Node) -> None:
-        for child in list(node.children.values()):
-            self._drop_tiered_subtree(child)
-        self._drop_tiered_leaf(node)
-
-    def _refresh_candidate(self, node: _Node) -> None:
+    def _refresh_candidate(self, node: RadixNode) -> None:
         """Keep ``node``'s membership in its eviction heap (device or tier) in step with its
         state: a device node with no device child, or a tiered node with no child at all."""
         if node.parent is None or node.evicted or node.lock_ref:
@@ -852,7 +636,7 @@ class RadixCache:
 
     @staticmethod
     def _push(
-        node: _Node, candidates: dict[_Node, int], heap: list[tuple[int, int, _Node]]
+        node: RadixNode, candidates: dict[RadixNode, int], heap: list[tuple[int, int, RadixNode]]
     ) -> None:
         if candidates.get(node) == node.last_access:
             return
@@ -862,7 +646,7 @@ class RadixCache:
             heap[:] = [(s, n.id, n) for n, s in candidates.items()]
             heapq.heapify(heap)
 
-    def _live_node(self, handle: CacheHandle) -> _Node:
+    def _live_node(self, handle: CacheHandle) -> RadixNode:
         node = handle._node
         if node.evicted:
             raise StaleHandleError(f"{handle!r} names a path that is no longer cached")
