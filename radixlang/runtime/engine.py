@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 import torch
 
 from radixlang.config import ENGINE_SETTINGS, EngineConfig, did_you_mean
-from radixlang.constrain import ConstraintError
 from radixlang.model_files import ModelFiles
 from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
@@ -48,10 +47,7 @@ from radixlang.runtime.kv_events import KvEvent
 from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 from radixlang.runtime.overlap import (
-    DeviceWorker,
     InflightStep,
-    placeholder,
-    resolve_placeholders,
 )
 from radixlang.runtime.program_log import ProgramLog
 from radixlang.runtime.radix_cache import RadixCache
@@ -67,12 +63,11 @@ from radixlang.runtime.request import (  # RequestError: re-exported, its old ho
 )
 from radixlang.runtime.sampling import (
     SamplingParams,
-    SamplingRow,
-    all_plain_greedy,
     sample,
-    uses_penalties,
 )
+from radixlang.runtime.sampling_rows import SamplingRows, first_token_mask, sampling_row
 from radixlang.runtime.scheduler import Chunk, Scheduler
+from radixlang.runtime.step_loop import OneAtATime, Overlapped
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -225,26 +220,20 @@ class Engine:
         self.deterministic = config.deterministic
         self.allow_auto_truncate = config.allow_auto_truncate
         self.overlap = _choose_overlap(config.overlap, config.device, config.host_tier_memory)
-        # Overlap: the device thread runs the model (and loads it: see _build); the step it
-        # has not answered yet (see step()).
-        self._device = DeviceWorker() if self.overlap else None
-        if self._device is not None:
+        # How steps run, chosen once (step_loop.py). Overlapped: the device thread runs the
+        # model (and loads it: see _build).
+        self._stepper: OneAtATime | Overlapped = (Overlapped if self.overlap else OneAtATime)(self)
+        if self.overlap:
             # Stopped when the engine goes, or at exit if never shut down: a thread left in
             # torch at interpreter exit aborted the process.
-            weakref.finalize(self, self._device.close)
+            weakref.finalize(self, self._stepper.close)
             sys.setswitchinterval(min(sys.getswitchinterval(), OVERLAP_SWITCH_INTERVAL_S))
-        self._inflight: InflightStep | None = None
-        self._processing = False
-        # Requests whose next token the engine must see before it schedules again: while any
-        # is present, steps do not overlap.
-        self._sync_rids: set[str] = set()
         self.check_integrity_every_step = config.check_integrity_every_step
         # Jump-forward decoding: text a request's grammar forces is appended at once and
         # computed in the next step's extend, instead of one decode step per token.
         self.jump_forward = config.jump_forward
         self._jump_forward_tokens = 0
         self._jump_forward_jumps = 0
-        self._overlapped_steps = 0
         self._generator = torch.Generator().manual_seed(config.seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
@@ -266,9 +255,8 @@ class Engine:
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self.cache_load_report: dict[str, Any] | None = None  # what start-up loaded, or why not
 
-        build: Callable[[], None] = self._build
-        if self._device is not None:  # the model's thread team belongs to the device thread
-            build = functools.partial(self._device.run, build)
+        # On the device thread with overlap: the model's thread team belongs to that thread.
+        build = functools.partial(self._stepper.run, self._build)
         if background:
             self._start_thread(build)
         else:
@@ -325,6 +313,7 @@ class Engine:
         # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
         # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
         self._masks = MaskFiller(config.overlap_masks)
+        self._rows = SamplingRows(self._masks, self._stop_done, self._fail_constraint)
         batch_tokens = config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
             self.runner.device.type, 2048
         )
@@ -559,7 +548,7 @@ class Engine:
         self._busy_seconds = 0.0
         self._jump_forward_tokens = 0
         self._jump_forward_jumps = 0
-        self._overlapped_steps = 0
+        self._stepper.overlapped_steps = 0
         self._masks.reset()
 
     def _stats(self) -> dict[str, float | int]:
@@ -581,7 +570,7 @@ class Engine:
         s["jump_forward_tokens"] = self._jump_forward_tokens
         s["jump_forward_jumps"] = self._jump_forward_jumps
         # Overlapped scheduling: steps submitted without waiting for the one before.
-        s["overlapped_steps"] = self._overlapped_steps
+        s["overlapped_steps"] = self._stepper.overlapped_steps
         # Grammar masks: time to fill a step's masks, and how long the step waited for them
         # after its forward (less than the fill time when they were filled beside it).
         s.update(self._masks.percentiles_ms())
@@ -693,8 +682,7 @@ class Engine:
         elif closing:
             self._abort_all()
         self._masks.close()
-        if self._device is not None:
-            self._device.close()
+        self._stepper.close()
         if closing and self.cache_dir is not None:
             try:
                 self._save_cache()
@@ -716,6 +704,11 @@ class Engine:
         self.shutdown()
 
     # ---- the step --------------------------------------------------------------------------
+    @property
+    def _inflight(self) -> InflightStep | None:
+        """The step submitted to the device thread and not yet taken (overlap only)."""
+        return self._stepper.inflight
+
     def step(self) -> bool:
         """Run one scheduling step and forward pass; False when there was nothing to do.
 
@@ -723,61 +716,8 @@ class Engine:
         samples come out in the next step (or whenever the engine next needs them)."""
         self._drain_inbox()
         if self._governor is not None:
-            if self._device is not None:
-                self._device.submit(self._governor.update)  # the device thread's team
-            else:
-                self._governor.update()
-        started = time.perf_counter()
-        if self._device is None:
-            return self._step_one_at_a_time(started)
-        return self._step_overlapped(started)
-
-    def _step_one_at_a_time(self, started: float) -> bool:
-        """Schedule, run the batch, sample and take its tokens, all before returning."""
-        schedule = self.scheduler.schedule()
-        for req in schedule.finished:
-            self._complete(req)
-        if not schedule.chunks:
-            self._account(started, 0)
-            return bool(schedule.finished)
-        self._account(started, self._run_batch(schedule.chunks))
-        self._check_step()
-        return True
-
-    def _step_overlapped(self, started: float) -> bool:
-        """Schedule step N+1 while step N's forward runs on the device thread: a batch of plain
-        decodes is launched, and then step N's tokens are taken. A step with a prefill chunk,
-        or a request that needs each token before the next schedule, runs after a fence."""
-        new_tokens = 0
-        if self._sync_rids or self._inflight is None:
-            # Nothing to overlap with, or a request that needs each token before the next
-            # schedule: the previous step's tokens first.
-            new_tokens = self._fence()
-            if not self.scheduler.has_work():
-                self._account(started, new_tokens)
-                return bool(new_tokens)
-        schedule = self.scheduler.schedule()
-        for req in schedule.finished:
-            self._complete(req)
-        chunks = schedule.chunks
-        if not chunks:
-            new_tokens += self._fence()
-            self._account(started, new_tokens)
-            return bool(schedule.finished or new_tokens)
-        assert self._device is not None
-        if not self._sync_rids and all(_plain_decode(c) for c in chunks):
-            launched = self._launch(chunks)
-            previous, self._inflight = self._inflight, launched
-            if previous is not None:
-                new_tokens += self._process(previous)
-        else:  # a prefill chunk: its tokens may be needed at once (prompt logprobs, ...)
-            new_tokens += self._fence()
-            chunks = [c for c in chunks if c.req.finish_reason is None]
-            if chunks:
-                new_tokens += self._device.run(functools.partial(self._run_batch, chunks))
-        self._account(started, new_tokens)
-        self._check_step()
-        return True
+            self._stepper.submit(self._governor.update)  # the team of the thread that runs
+        return self._stepper.step(time.perf_counter())
 
     def _check_step(self) -> None:
         if self.check_integrity_every_step:
@@ -811,112 +751,7 @@ class Engine:
     def _copy_block(self, src: int, dst: int, num_slots: int) -> None:
         """The pool's copy-on-write: with overlap, queued behind the steps already submitted
         (``dst`` may be a block a running step still writes, freed by a request that stopped)."""
-        if self._device is None:
-            self.runner.copy_block(src, dst, num_slots)
-        else:
-            self._device.submit(functools.partial(self.runner.copy_block, src, dst, num_slots))
-
-    def _launch(self, chunks: list[Chunk]) -> InflightStep | None:
-        """Submit a step of plain decodes, its batch packed here (a stand-in token where the
-        input is still being sampled); every request sampled in it gets a placeholder for its
-        token (see runtime/overlap.py). None if the batch failed its checks (its requests
-        failed, as a failing step's)."""
-        seqs: list[SequenceInput] = []
-        pending_rows: list[int] = []
-        pending: list[int] = []
-        for i, chunk in enumerate(chunks):
-            req = chunk.req
-            token = req.tokens[chunk.start]
-            if token < 0:
-                pending_rows.append(i)
-                pending.append(token)
-                token = 0
-            seqs.append(SequenceInput([token], chunk.start, req.blocks))
-        try:
-            prepared = self.runner.prepare_decode(seqs)
-        except Exception as e:
-            log.exception("engine step failed")
-            self._fail_chunks(chunks, e)
-            return None
-        commit = self.scheduler.commit
-        rows: list[int] = []
-        sampling_rows: list[SamplingRow] = []
-        sampled: list[Req] = []
-        positions: list[int] = []
-        for i, chunk in enumerate(chunks):
-            req = chunk.req
-            commit(chunk)
-            if req.num_output >= req.output_limit:
-                continue
-            params = req.params
-            if req.stop_ids and req.num_output < params.min_new_tokens:
-                # The row's output is read (its length) on the device thread: a snapshot.
-                row = SamplingRow(
-                    params, req.prompt_ids, req.output_ids, req.stop_ids, req.generator
-                )
-            else:
-                row = self._sampling_row(req)
-            rows.append(i)
-            sampling_rows.append(row)
-            positions.append(len(req.tokens))
-            req.tokens.append(placeholder(len(sampled)))
-            sampled.append(req)
-        device, runner = self._device, self.runner
-        assert device is not None
-        plain_greedy = all_plain_greedy(sampling_rows)  # here, not on the device thread
-
-        def run() -> Any:
-            try:
-                ids = resolve_placeholders(pending, device.last_tokens)
-                if ids:
-                    runner.set_input_ids(prepared, pending_rows, ids)
-                logits = runner.run_decode(prepared).logits
-                if len(rows) != logits.shape[0]:
-                    logits = logits[torch.tensor(rows, device=logits.device)]
-                picks = sample(logits, sampling_rows, self._generator, plain_greedy=plain_greedy)
-            except BaseException:
-                device.last_tokens = None  # the next step's placeholders have no tokens
-                raise
-            device.last_tokens = picks.token_ids
-            return picks
-
-        self._overlapped_steps += 1
-        return InflightStep(device.submit(run), chunks, sampled, positions)
-
-    def _process(self, step: InflightStep) -> int:
-        """Take a submitted step's tokens: write them over their placeholders, detokenize,
-        stream and stop. A request that stopped meanwhile drops its token."""
-        self._processing = True
-        try:
-            try:
-                picks = step.future.result()
-            except Exception as e:
-                log.exception("engine step failed")
-                self._fail_chunks(step.chunks, e)
-                return 0
-            appended = 0
-            token_ids, logprobs, top = picks.token_ids, picks.logprobs, picks.top_logprobs
-            accept = self._accept_token
-            for row, req in enumerate(step.sampled):
-                if req.finish_reason is not None:
-                    continue  # it stopped (or was aborted) before this token came back
-                token, position = token_ids[row], step.positions[row]
-                req.tokens[position] = token
-                accept(req, token, logprobs[row], top[row], position)
-                appended += 1
-            return appended
-        finally:
-            self._processing = False
-
-    def _fence(self) -> int:
-        """Wait for the submitted step, if any, and take its tokens: afterwards no request
-        holds a placeholder. (Not from inside another step's processing, e.g. a callback's
-        call: that would take the newer step's tokens before the older step's last ones.)"""
-        step = self._inflight
-        if step is None or self._processing:
-            return 0
-        self._inflight = None
-        return self._process(step)
+        self._stepper.submit(functools.partial(self.runner.copy_block, src, dst, num_slots))
 
     def _run(self, chunks: list[Chunk]) -> int:
         seqs = []
@@ -933,7 +768,7 @@ class Engine:
                     req.params.top_logprobs_num if scored else 0,
                 )
             )
-        self._prefetch_masks(chunks)
+        self._rows.prefetch(chunks, self.runner.vocab_size)
         try:
             out = self.runner.forward(seqs)
             self._masks.wait()  # before anything touches a constraint again
@@ -949,7 +784,7 @@ class Engine:
             req = chunk.req
             commit(chunk)
             if seqs[i].return_logprobs:
-                self._collect_prompt_logprobs(chunk, out.logits[i], out, i)
+                token_output.collect_prompt_logprobs(chunk, out.logits[i], out, i)
             tokens = len(req.tokens)
             if chunk.end < tokens:
                 continue  # a prefill chunk: more of the prompt to come
@@ -962,14 +797,14 @@ class Engine:
         sampled, beam_rows = split_beam_rows(chunks, sampled)
         beam_tokens = self._advance_beams(chunks, beam_rows, out.logits) if beam_rows else 0
         if constrained:
-            sampled, rows = self._constrained_rows(chunks, sampled, out.logits.shape[-1])
+            sampled, rows = self._rows.constrained(chunks, sampled, out.logits.shape[-1])
         else:  # no constraint in the batch: no per-row work beyond token healing's first mask
             rows = []
             for i in sampled:
                 req = chunks[i].req
                 row = req.sampling_row
                 if row is None or req.first_token_mask is not None:
-                    row = self._sampling_row(req, _first_token_mask(req))
+                    row = sampling_row(req, first_token_mask(req))
                 rows.append(row)
         if not sampled:
             return beam_tokens
@@ -1038,124 +873,6 @@ class Engine:
             self._jump_forward_jumps += 1
         return appended
 
-    @staticmethod
-    def _sampling_row(
-        req: Req, mask: torch.Tensor | None = None, stop_ids: frozenset[int] | None = None
-    ) -> SamplingRow:
-        if mask is None and (stop_ids is None or stop_ids is req.stop_ids):
-            row = req.sampling_row  # made once: its output is a live view of the tokens
-            if row is None:
-                row = req.sampling_row = SamplingRow(
-                    req.params, req.prompt_ids, req.output_view(), req.stop_ids, req.generator
-                )
-            return row
-        return SamplingRow(
-            params=req.params,
-            prompt_ids=req.prompt_ids,
-            output_ids=req.output_view(),
-            stop_ids=req.stop_ids if stop_ids is None else stop_ids,
-            generator=req.generator,
-            allowed_mask=mask,
-        )
-
-    def _constrained_rows(
-        self, chunks: list[Chunk], sampled: list[int], width: int
-    ) -> tuple[list[int], list[SamplingRow]]:
-        """Sampling rows with each constraint's mask; requests whose constraint is done (or
-        broken) are finished here instead of sampled, and left out."""
-        masks: dict[int, torch.Tensor | None] = {}
-        batched: dict[type, list[int]] = collections.defaultdict(list)
-        for i in sampled:
-            req = chunks[i].req
-            if req.constraint is None:
-                continue
-            try:
-                where = _mask_source(req)
-                if where is _FINISHED:  # e.g. a regex that only matches ""
-                    self.scheduler.finish(req, FinishReason.STOP)
-                    self._complete(req)
-                elif where is _MAY_END:
-                    masks[i] = None  # the model may end the match: see TokenConstraint
-                elif where is _SINGLE:
-                    masks[i] = _fit_mask(req.constraint.allowed_mask(), width)
-                else:
-                    batched[where].append(i)
-            except Exception as e:  # this request's constraint failed: fail it, not the batch
-                self._fail_constraint(req, e)
-        for kind, rows in batched.items():
-            masks.update(self._batch_masks(kind, [chunks[i].req for i in rows], rows, width))
-        for i in [i for i, m in masks.items() if m is not None and not m.any()]:
-            del masks[i]  # a mask that allows nothing fails its request
-            self._fail_constraint(
-                chunks[i].req, ConstraintError("the constraint allows no token here")
-            )
-        keep: list[int] = []
-        rows: list[SamplingRow] = []
-        for i in sampled:
-            req = chunks[i].req
-            if req.constraint is None:  # free text: only token healing's first mask
-                keep.append(i)
-                rows.append(self._sampling_row(req, _first_token_mask(req)))
-                continue
-            if i not in masks:
-                continue
-            mask, stop_ids = masks[i], req.stop_ids
-            if mask is not None and stop_ids and req.num_output < req.params.min_new_tokens:
-                # min_new_tokens masks the stop tokens; where the constraint allows nothing
-                # else (its text is complete), the constraint wins and may end the request.
-                ids = torch.tensor([t for t in stop_ids if 0 <= t < width], dtype=torch.long)
-                rest = mask.clone()
-                rest[ids] = False
-                if not rest.any():
-                    stop_ids = frozenset()
-            keep.append(i)
-            rows.append(self._sampling_row(req, mask, stop_ids))
-        return keep, rows
-
-    def _batch_masks(
-        self, kind: type, reqs: list[Req], rows: list[int], width: int
-    ) -> dict[int, torch.Tensor]:
-        """One call fills the masks of every row whose constraint is of class ``kind``; if it
-        fails, each row is tried alone so that only the broken constraint fails its request."""
-        try:
-            filled = self._masks.fill(kind, [r.constraint for r in reqs], width)
-            alive = filled.any(dim=1).tolist()  # one reduction for the batch
-            out = {i: filled[j] for j, i in enumerate(rows) if alive[j]}
-            for j, req in enumerate(reqs):
-                if not alive[j]:
-                    self._fail_constraint(
-                        req, ConstraintError("the constraint allows no token here")
-                    )
-        except Exception:
-            out = {}
-            for req, i in zip(reqs, rows, strict=True):
-                try:
-                    out[i] = kind.batch_allowed_masks([req.constraint], width)[0]
-                except Exception as e:
-                    self._fail_constraint(req, e)
-        return out
-
-    def _prefetch_masks(self, chunks: list[Chunk]) -> None:
-        """Start filling the masks of the rows this step will sample under a batched
-        constraint, so that they are ready when the forward returns (see MaskFiller)."""
-        if not self._masks.overlap:
-            return
-        groups: dict[type, list[Any]] = collections.defaultdict(list)
-        for chunk in chunks:
-            req = chunk.req
-            if req.constraint is None or req.finish_reason is not None:
-                continue
-            if chunk.end < len(req.tokens) or req.num_output >= req.output_limit:
-                continue  # a prefill chunk, or nothing to sample
-            try:
-                where = _mask_source(req)
-            except Exception:
-                continue  # failed on the engine thread after the forward, as without overlap
-            if isinstance(where, type):
-                groups[where].append(req.constraint)
-        for kind, constraints in groups.items():
-            self._masks.prefetch(kind, constraints, self.runner.vocab_size)
-
     def _ends_before(self, req: Req, token: int) -> bool:
         """End ``req`` without ``token`` when its constraint is complete and the token would
         leave it (see ``TokenConstraint``)."""
@@ -1174,6 +891,11 @@ class Engine:
         self.scheduler.finish(req, reason)
         self._complete(req)
         return True
+
+    def _stop_done(self, req: Req) -> None:
+        """End ``req``, whose constraint is complete, before it samples."""
+        self.scheduler.finish(req, FinishReason.STOP)
+        self._complete(req)
 
     def _fail_constraint(self, req: Req, error: Exception) -> None:
         req.error = f"constraint: {type(error).__name__}: {error}"
@@ -1226,47 +948,11 @@ class Engine:
             self.scheduler.finish(req, reason)
             self._complete(req)
 
-    def _collect_prompt_logprobs(self, chunk: Chunk, last: torch.Tensor, out: Any, i: int) -> None:
-        """Record the log-probabilities of the chunk's prompt positions that are owed."""
-        req = chunk.req
-        k = req.params.top_logprobs_num
-        # Read back once (not a device sync per position).
-        values = out.prompt_logprobs[i].tolist()
-        top = out.prompt_top_logprobs[i]
-        top_ids, top_values = (top[1].tolist(), top[0].tolist()) if top else ([], [])
-        end = min(chunk.end, req.prompt_len)
-        for pos in range(req.next_prompt_logprob, end):
-            token = req.tokens[pos]
-            if pos == chunk.start:  # scored by the previous chunk's last row
-                scores = req.boundary_scores
-                assert scores is not None, "a prompt chunk boundary lost its scores"
-                req.prompt_logprobs.append((token, float(scores[token])))
-                if k:
-                    v, ids = scores.topk(k)
-                    req.prompt_top_logprobs.append(_pairs(ids, v))
-                else:
-                    req.prompt_top_logprobs.append(None)
-                continue
-            row = pos - chunk.start - 1
-            req.prompt_logprobs.append((token, values[row]))
-            req.prompt_top_logprobs.append(
-                list(zip(top_ids[row], top_values[row], strict=True)) if top else None
-            )
-        if end < req.prompt_len:
-            # The next chunk starts at `end`: its first token is scored by this chunk's last row,
-            # if that position is owed (a chunk may end before the first position to score).
-            req.next_prompt_logprob = max(req.next_prompt_logprob, end)
-            owed = req.next_prompt_logprob == end
-            req.boundary_scores = torch.log_softmax(last.float(), dim=-1) if owed else None
-        else:
-            req.next_prompt_logprob = -1
-            req.boundary_scores = None
-
     def _complete(self, req: Req) -> None:
         """Hand a finished request its result and forget it."""
         if req.tokens and req.tokens[-1] < 0:  # ended by the scheduler or a failure: see
             _drop_placeholders(req)  # _accept_token for a request that ends on its own token
-        self._sync_rids.discard(req.rid)
+        self._stepper.finished(req)
         if req.beam is not None:  # any beam's end ends its group: answer the request once
             root = req.beam.end(req, self.scheduler)
             if root is None:
@@ -1316,7 +1002,7 @@ class Engine:
             self._drain_inbox()
             if self._closed:
                 break
-            if self.scheduler.has_work() or self._inflight is not None:
+            if self.scheduler.has_work() or self._stepper.inflight is not None:
                 try:
                     self.step()
                 except Exception as e:  # a fault outside any one request's model run
@@ -1336,11 +1022,11 @@ class Engine:
                 self._reqs[req.rid] = req
                 if detokenizer is not None:
                     self._detokenizers[req.rid] = detokenizer
-                if self._device is not None and _needs_each_token(req):
-                    self._sync_rids.add(req.rid)
+                self._stepper.admitted(req)
                 self.scheduler.add(req)
                 continue
-            self._fence()  # aborts and calls see every request between steps, as without overlap
+            # Aborts and calls see every request between steps, as without overlap.
+            self._stepper.fence()
             if kind == "abort":
                 req = self._reqs.get(item)
                 if req is not None and req.finish_reason is None:
@@ -1357,9 +1043,7 @@ class Engine:
     def _on_engine_thread(self) -> bool:
         """On the engine thread, or on the device thread running a step for it (a callback)."""
         current = threading.current_thread()
-        return current is self._thread or (
-            self._device is not None and current is self._device.thread
-        )
+        return current is self._thread or current is self._stepper.thread
 
     def _call(self, fn: Callable[[], T]) -> T:
         thread = self._thread
@@ -1388,7 +1072,7 @@ class Engine:
 
     def _abort_all(self) -> None:
         self._drain_inbox()
-        self._fence()
+        self._stepper.fence()
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(req, FinishReason.ABORT)
             self._complete(req)
@@ -1407,25 +1091,6 @@ def _choose_overlap(
     if overlap is None:
         return torch.device(device).type == "cuda" and not tier
     return overlap
-
-
-def _needs_each_token(req: Req) -> bool:
-    """Whether ``req``'s next step depends on its last token's value (so steps cannot
-    overlap while it runs): a constraint's mask, beams, penalties over the output, prompt
-    logprobs, token healing's first mask; or it samples nothing (a prefill-only request)."""
-    return (
-        req.constraint is not None
-        or req.beam is not None
-        or req.first_token_mask is not None
-        or req.wants_prompt_logprobs
-        or req.output_limit <= 0
-        or uses_penalties(req.params)
-    )
-
-
-def _plain_decode(chunk: Chunk) -> bool:
-    """One token after the prompt: a step of these can be submitted without waiting."""
-    return chunk.end - chunk.start == 1 and chunk.start >= len(chunk.req.prompt_ids)
 
 
 def _drop_placeholders(req: Req) -> None:
@@ -1493,39 +1158,3 @@ def _load_tokenizer(files: ModelFiles) -> Any | None:
     if not any((files.path / name).exists() for name in names):
         return None
     return files.load_tokenizer()
-
-
-_FINISHED, _MAY_END, _SINGLE = object(), object(), object()
-
-
-def _mask_source(req: Req) -> Any:
-    """How a constrained request's mask is made this step: not at all (``_FINISHED``: nothing
-    but the end may follow; ``_MAY_END``: unmasked, the model may end the match), alone
-    (``_SINGLE``), or by its constraint's class in one batched call (that class)."""
-    kind = type(req.constraint)
-    if req.constraint.is_finished():
-        return _FINISHED
-    if token_output.may_end(req):
-        return _MAY_END
-    return kind if hasattr(kind, "batch_allowed_masks") else _SINGLE
-
-
-def _first_token_mask(req: Req) -> torch.Tensor | None:
-    """Token healing's mask while the request has no output yet; None after (or without)."""
-    return req.first_token_mask if req.num_output == 0 else None
-
-
-def _fit_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """A constraint's mask as a bool ``[width]`` row: ids past its end are disallowed."""
-    if mask.dtype != torch.bool or mask.dim() != 1 or mask.shape[0] > width:
-        raise ConstraintError(
-            f"allowed_mask() must be a bool tensor of at most {width} entries, "
-            f"got {mask.dtype} {tuple(mask.shape)}"
-        )
-    if mask.shape[0] < width:
-        mask = torch.cat([mask, mask.new_zeros(width - mask.shape[0])])
-    return mask
-
-
-def _pairs(ids: torch.Tensor, values: torch.Tensor) -> TopLogprobs:
-    return [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True)]

@@ -1,6 +1,7 @@
 """What one new token of a request means: its logprobs recorded, its constraint advanced, its
 text (through the request's detokenizer), and whether the request ends on it and why (a stop
-token, a stop string, a finished or failed constraint, the length limit).
+token, a stop string, a finished or failed constraint, the length limit); and the prompt
+logprobs a prefill chunk owes.
 
 The engine thread calls :func:`take_token` for every sampled token and then pushes the stream
 event and finishes the request itself; nothing here touches the engine, the scheduler or a
@@ -9,9 +10,13 @@ handle, so each rule can be read, and tested, on its own."""
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import torch
 
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.request import FinishReason, Req, TopLogprobs
+from radixlang.runtime.scheduler import Chunk
 
 
 def take_token(
@@ -76,3 +81,46 @@ def ends_before(req: Req, token: int) -> bool:
     leave it (see ``TokenConstraint.ends_on``). Raises what the constraint raises."""
     ends_on = getattr(req.constraint, "ends_on", None)
     return ends_on is not None and may_end(req) and bool(ends_on(token))
+
+
+def collect_prompt_logprobs(chunk: Chunk, last: torch.Tensor, out: Any, i: int) -> None:
+    """Record the log-probabilities of the chunk's prompt positions that are owed (row ``i``
+    of the forward's ``out``; ``last`` its last logits row, which scores the next chunk's
+    first token)."""
+    req = chunk.req
+    k = req.params.top_logprobs_num
+    # Read back once (not a device sync per position).
+    values = out.prompt_logprobs[i].tolist()
+    top = out.prompt_top_logprobs[i]
+    top_ids, top_values = (top[1].tolist(), top[0].tolist()) if top else ([], [])
+    end = min(chunk.end, req.prompt_len)
+    for pos in range(req.next_prompt_logprob, end):
+        token = req.tokens[pos]
+        if pos == chunk.start:  # scored by the previous chunk's last row
+            scores = req.boundary_scores
+            assert scores is not None, "a prompt chunk boundary lost its scores"
+            req.prompt_logprobs.append((token, float(scores[token])))
+            if k:
+                v, ids = scores.topk(k)
+                req.prompt_top_logprobs.append(_pairs(ids, v))
+            else:
+                req.prompt_top_logprobs.append(None)
+            continue
+        row = pos - chunk.start - 1
+        req.prompt_logprobs.append((token, values[row]))
+        req.prompt_top_logprobs.append(
+            list(zip(top_ids[row], top_values[row], strict=True)) if top else None
+        )
+    if end < req.prompt_len:
+        # The next chunk starts at `end`: its first token is scored by this chunk's last row,
+        # if that position is owed (a chunk may end before the first position to score).
+        req.next_prompt_logprob = max(req.next_prompt_logprob, end)
+        owed = req.next_prompt_logprob == end
+        req.boundary_scores = torch.log_softmax(last.float(), dim=-1) if owed else None
+    else:
+        req.next_prompt_logprob = -1
+        req.boundary_scores = None
+
+
+def _pairs(ids: torch.Tensor, values: torch.Tensor) -> TopLogprobs:
+    return [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True)]
