@@ -18,6 +18,7 @@ from radixlang.runtime.constraint import TokenConstraint
 from radixlang.runtime.engine import Engine, RequestError
 from radixlang.runtime.handle import GenerationError
 from radixlang.runtime.request import FinishReason, GenerateRequest
+from radixlang.runtime.sampling_rows import SamplingRows
 
 VOCAB = 49152
 
@@ -283,7 +284,7 @@ def test_no_mask_work_without_constraints(eng, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("constrained path taken with no constraint in the batch")
 
-    monkeypatch.setattr(Engine, "_constrained_rows", boom)
+    monkeypatch.setattr(SamplingRows, "constrained", boom)
     r = eng.generate(["a", "b"], {"max_new_tokens": 3, "ignore_eos": True})
     assert [x.completion_tokens for x in r] == [3, 3]
 

@@ -27,7 +27,7 @@ def overlap_on(monkeypatch):
 def test_the_engines_here_overlap(folder):
     eng = engine(folder)
     try:
-        assert eng.overlap and eng._device is not None
+        assert eng.overlap and eng._stepper.device is not None  # step_loop.Overlapped
         out = eng.generate([5, 6, 7], {**GREEDY, "max_new_tokens": 4})
         assert len(out.output_ids) == 4
     finally:
