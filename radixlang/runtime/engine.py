@@ -32,7 +32,6 @@ from radixlang.config import ENGINE_SETTINGS, EngineConfig, did_you_mean
 from radixlang.model_files import ModelFiles
 from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
-    advance_beams,
     split_beam_rows,
 )
 from radixlang.runtime.block_pool import BlockPool
@@ -57,10 +56,9 @@ from radixlang.runtime.request import (  # RequestError: re-exported, its old ho
     GenerationResult,
     Req,
     RequestError,
-    StreamEvent,
-    TopLogprobs,
     as_request,
 )
+from radixlang.runtime.request_outputs import RequestOutputs
 from radixlang.runtime.sampling import (
     SamplingParams,
     sample,
@@ -232,8 +230,6 @@ class Engine:
         # Jump-forward decoding: text a request's grammar forces is appended at once and
         # computed in the next step's extend, instead of one decode step per token.
         self.jump_forward = config.jump_forward
-        self._jump_forward_tokens = 0
-        self._jump_forward_jumps = 0
         self._generator = torch.Generator().manual_seed(config.seed)
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
@@ -243,8 +239,6 @@ class Engine:
         self._wake = threading.Event()
         self._closed = False
         self._generated_tokens = 0
-        self._finished_requests = 0
-        self._finished_by_reason: collections.Counter[FinishReason] = collections.Counter()
         self._recent: collections.deque[tuple[float, float, int]] = collections.deque()
         # Programs' call graphs, reported by their backends for viewers (the dashboard).
         self.programs = ProgramLog()
@@ -313,7 +307,6 @@ class Engine:
         # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
         # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
         self._masks = MaskFiller(config.overlap_masks)
-        self._rows = SamplingRows(self._masks, self._stop_done, self._fail_constraint)
         batch_tokens = config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
             self.runner.device.type, 2048
         )
@@ -325,6 +318,17 @@ class Engine:
             config.schedule_policy,
             sliding_window=self.runner.sliding_window,
             preemption=config.preemption or ("swap" if self.host_tier is not None else "recompute"),
+        )
+        self._outputs = RequestOutputs(
+            self.scheduler,
+            self._handles,
+            self._detokenizers,
+            self._reqs,
+            self._lock,
+            self._stepper.finished,
+        )
+        self._rows = SamplingRows(
+            self._masks, self._outputs.stop_done, self._outputs.fail_constraint
         )
         if self.cache_dir is not None:
             self._load_saved_cache()
@@ -543,11 +547,8 @@ class Engine:
     def _reset_stats(self) -> None:
         self.scheduler.reset_counters()
         self._generated_tokens = 0
-        self._finished_requests = 0
-        self._finished_by_reason.clear()
+        self._outputs.reset_counts()
         self._busy_seconds = 0.0
-        self._jump_forward_tokens = 0
-        self._jump_forward_jumps = 0
         self._stepper.overlapped_steps = 0
         self._masks.reset()
 
@@ -556,9 +557,10 @@ class Engine:
         now = time.perf_counter()
         recent = [(t0, n) for t0, t1, n in list(self._recent) if now - t1 <= THROUGHPUT_WINDOW_S]
         s["generated_tokens"] = self._generated_tokens
-        s["finished_requests"] = self._finished_requests
+        outputs = self._outputs
+        s["finished_requests"] = outputs.finished_requests
         for reason in FinishReason:
-            s[f"finished_{reason.value}"] = self._finished_by_reason[reason]
+            s[f"finished_{reason.value}"] = outputs.finished_by_reason[reason]
         # Over the steps of the last few seconds, from the first one's start to now.
         span = now - recent[0][0] if recent else 0.0
         s["tokens_per_second"] = sum(n for _, n in recent) / span if span > 0 else 0.0
@@ -567,8 +569,8 @@ class Engine:
         )
         # Jump-forward: tokens appended without a decode step of their own (each one a forward
         # pass that request did not need), and how many jumps carried them.
-        s["jump_forward_tokens"] = self._jump_forward_tokens
-        s["jump_forward_jumps"] = self._jump_forward_jumps
+        s["jump_forward_tokens"] = outputs.jump_forward_tokens
+        s["jump_forward_jumps"] = outputs.jump_forward_jumps
         # Overlapped scheduling: steps submitted without waiting for the one before.
         s["overlapped_steps"] = self._stepper.overlapped_steps
         # Grammar masks: time to fill a step's masks, and how long the step waited for them
@@ -737,15 +739,8 @@ class Engine:
             return self._run(chunks)
         except Exception as e:  # fail this batch's requests; keep serving the others
             log.exception("engine step failed")
-            self._fail_chunks(chunks, e)
+            self._outputs.fail_chunks(chunks, e)
             return 0
-
-    def _fail_chunks(self, chunks: list[Chunk], error: BaseException) -> None:
-        for chunk in chunks:
-            if chunk.req.finish_reason is None:
-                chunk.req.error = f"{type(error).__name__}: {error}"
-                self.scheduler.finish(chunk.req, FinishReason.ERROR, cache_kv=False)
-                self._complete(chunk.req)
 
     # ---- overlap (runtime/overlap.py) --------------------------------------------------------
     def _copy_block(self, src: int, dst: int, num_slots: int) -> None:
@@ -793,9 +788,9 @@ class Engine:
                 constrained = constrained or req.constraint is not None
             else:  # prefill only: the prompt is cached now
                 self.scheduler.finish(req, FinishReason.LENGTH)
-                self._complete(req)
+                self._outputs.complete(req)
         sampled, beam_rows = split_beam_rows(chunks, sampled)
-        beam_tokens = self._advance_beams(chunks, beam_rows, out.logits) if beam_rows else 0
+        beam_tokens = self._outputs.advance_beams(chunks, beam_rows, out.logits) if beam_rows else 0
         if constrained:
             sampled, rows = self._rows.constrained(chunks, sampled, out.logits.shape[-1])
         else:  # no constraint in the batch: no per-row work beyond token healing's first mask
@@ -816,185 +811,14 @@ class Engine:
         picks = sample(logits, rows, self._generator)
         appended = len(sampled)
         jump_forward = self.jump_forward
-        append = self._append_token
+        append = self._outputs.append
         token_ids, logprobs, top_logprobs = picks.token_ids, picks.logprobs, picks.top_logprobs
         for row, i in enumerate(sampled):
             req = chunks[i].req
             append(req, token_ids[row], logprobs[row], top_logprobs[row])
             if jump_forward and req.constraint is not None and req.finish_reason is None:
-                appended += self._jump_forward(req)
+                appended += self._outputs.jump_forward(req)
         return appended + beam_tokens
-
-    def _advance_beams(self, chunks: list[Chunk], rows: list[int], logits: torch.Tensor) -> int:
-        """Beam search picks its own tokens (``beam_search.py``); a finished search answers
-        its request with the best beam, in one final stream event."""
-        done, advanced = advance_beams(self.scheduler, chunks, rows, logits)
-        for group in done:
-            req = group.root
-            text = group.best_text(self._detokenizers.get(req.rid))
-            handle = self._handles.get(req.rid)
-            if handle is not None:
-                handle.push(
-                    StreamEvent(
-                        req.rid,
-                        req.output_ids,
-                        text,
-                        list(req.output_logprobs),
-                        list(req.output_top_logprobs),
-                        True,
-                        req.finish_reason,
-                        req.prompt_len,
-                        req.cached_tokens,
-                    )
-                )
-            self._complete(req)
-        return advanced
-
-    def _jump_forward(self, req: Req) -> int:
-        """Append the tokens ``req``'s constraint forces from here; the next step computes them
-        in one extend. Requests that want logprobs decode them one by one, so that every output
-        token has the model's logprob."""
-        forced_tokens = getattr(req.constraint, "forced_tokens", None)
-        if forced_tokens is None or req.params.return_logprob:
-            return 0
-        try:
-            forced = forced_tokens()
-        except Exception as e:
-            self._fail_constraint(req, e)
-            return 0
-        appended = 0
-        for token in forced[: req.output_limit - req.num_output]:
-            if req.finish_reason is not None:
-                break
-            self._append_token(req, token, None, None)
-            appended += 1
-        if appended:
-            self._jump_forward_tokens += appended
-            self._jump_forward_jumps += 1
-        return appended
-
-    def _ends_before(self, req: Req, token: int) -> bool:
-        """End ``req`` without ``token`` when its constraint is complete and the token would
-        leave it (see ``TokenConstraint``)."""
-        try:
-            if not token_output.ends_before(req, token):
-                return False
-        except Exception as e:
-            self._fail_constraint(req, e)
-            return True
-        detok = self._detokenizers.get(req.rid)
-        text = detok.flush(check_stop=True) if detok else ""
-        reason = FinishReason.STOP
-        handle = self._handles.get(req.rid)
-        if handle is not None:
-            handle.push(StreamEvent(req.rid, [], text, [], [], finished=True, finish_reason=reason))
-        self.scheduler.finish(req, reason)
-        self._complete(req)
-        return True
-
-    def _stop_done(self, req: Req) -> None:
-        """End ``req``, whose constraint is complete, before it samples."""
-        self.scheduler.finish(req, FinishReason.STOP)
-        self._complete(req)
-
-    def _fail_constraint(self, req: Req, error: Exception) -> None:
-        req.error = f"constraint: {type(error).__name__}: {error}"
-        self.scheduler.finish(req, FinishReason.ERROR)
-        self._complete(req)
-
-    def _append_token(
-        self, req: Req, token: int, logprob: float | None, top: TopLogprobs | None
-    ) -> None:
-        constraint = req.constraint
-        if constraint is not None and self._ends_before(req, token):
-            return
-        req.tokens.append(token)
-        self._accept_token(req, token, logprob, top)
-
-    def _accept_token(
-        self,
-        req: Req,
-        token: int,
-        logprob: float | None,
-        top: TopLogprobs | None,
-        position: int | None = None,
-    ) -> None:
-        """``token``, now the last real one of ``req.tokens`` (at ``position``; placeholders
-        may follow it), as output (``token_output.take_token``), its stream event, and the end
-        of the request when it ends here."""
-        rid = req.rid
-        text, reason = token_output.take_token(
-            req, token, logprob, top, self._detokenizers.get(rid), position
-        )
-        want_logprob = req.params.return_logprob
-        handle = self._handles.get(rid)
-        if handle is not None:
-            handle.push(
-                StreamEvent(
-                    rid,
-                    [token],
-                    text,
-                    [logprob] if want_logprob else [],
-                    [top] if want_logprob else [],
-                    reason is not None,
-                    reason,
-                    len(req.prompt_ids),
-                    req.cached_tokens,
-                )
-            )
-        if reason is not None:
-            if req.tokens[-1] < 0:  # overlap: the next step's placeholder, and its computed slot
-                _drop_placeholders(req)
-            self.scheduler.finish(req, reason)
-            self._complete(req)
-
-    def _complete(self, req: Req) -> None:
-        """Hand a finished request its result and forget it."""
-        if req.tokens and req.tokens[-1] < 0:  # ended by the scheduler or a failure: see
-            _drop_placeholders(req)  # _accept_token for a request that ends on its own token
-        self._stepper.finished(req)
-        if req.beam is not None:  # any beam's end ends its group: answer the request once
-            root = req.beam.end(req, self.scheduler)
-            if root is None:
-                return
-            req = root
-        detok = self._detokenizers.pop(req.rid, None)
-        self._reqs.pop(req.rid, None)
-        with self._lock:
-            handle = self._handles.pop(req.rid, None)
-        reason = req.finish_reason or FinishReason.ABORT
-        self._finished_requests += 1
-        self._finished_by_reason[reason] += 1
-        if handle is None:
-            return
-        now = time.perf_counter()
-        # Every stream ends with a finished event: add one where the last token's was not.
-        tail = detok.flush() if detok and reason in (FinishReason.ABORT, FinishReason.ERROR) else ""
-        if tail or not handle.saw_finish:
-            handle.push(StreamEvent(req.rid, [], tail, [], [], True, reason))
-        handle.set_result(
-            GenerationResult(
-                request_id=req.rid,
-                text=detok.text if detok else "",
-                output_ids=req.output_ids,
-                prompt_ids=req.prompt_ids,
-                finish_reason=reason,
-                matched_stop=req.matched_stop,
-                prompt_tokens=req.prompt_len,
-                completion_tokens=req.num_output,
-                cached_tokens=req.cached_tokens,
-                output_logprobs=req.output_logprobs,
-                output_top_logprobs=req.output_top_logprobs,
-                prompt_logprobs=req.prompt_logprobs,
-                prompt_top_logprobs=req.prompt_top_logprobs,
-                time_to_first_token=(
-                    req.first_token_time - req.arrival if req.first_token_time else None
-                ),
-                latency=now - req.arrival,
-                error=req.error,
-                beams=req.beam.results if req.beam is not None else [],
-            )
-        )
 
     # ---- the thread and its inbox ----------------------------------------------------------
     def _loop(self) -> None:
@@ -1031,7 +855,7 @@ class Engine:
                 req = self._reqs.get(item)
                 if req is not None and req.finish_reason is None:
                     self.scheduler.finish(req, FinishReason.ABORT)
-                    self._complete(req)
+                    self._outputs.complete(req)
             else:  # "call": run a function on the engine thread
                 fn, future = item
                 if future.set_running_or_notify_cancel():
@@ -1068,14 +892,14 @@ class Engine:
                     if req in queue:
                         queue.remove(req)
                 req.finish_reason = FinishReason.ERROR
-            self._complete(req)
+            self._outputs.complete(req)
 
     def _abort_all(self) -> None:
         self._drain_inbox()
         self._stepper.fence()
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(req, FinishReason.ABORT)
-            self._complete(req)
+            self._outputs.complete(req)
 
 
 def _choose_overlap(
@@ -1091,16 +915,6 @@ def _choose_overlap(
     if overlap is None:
         return torch.device(device).type == "cuda" and not tier
     return overlap
-
-
-def _drop_placeholders(req: Req) -> None:
-    """A request ending with tokens still being sampled: drop their placeholders, and count as
-    computed only what a step not overlapped would have (the KV of its last real token is
-    still being written)."""
-    tokens = req.tokens
-    while tokens and tokens[-1] < 0:
-        tokens.pop()
-    req.num_computed = min(req.num_computed, max(0, len(tokens) - 1))
 
 
 def _engine_config(

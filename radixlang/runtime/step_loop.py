@@ -7,8 +7,9 @@ needs (the device thread, the step in flight, the requests that must see each to
 the next schedule); the engine calls the same hooks on either: ``step``, ``fence``, ``run`` and
 ``submit`` for device work, ``admitted`` and ``finished`` for each request.
 
-What a step's tokens mean (stops, constraints, stream events, the end) stays the engine's: a
-stepper calls back into it through :class:`StepHost`.
+What a step's tokens mean (stops, constraints, stream events, the end) is
+``request_outputs.py``'s; a stepper reaches it, and the engine's batch run, through
+:class:`StepHost`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from radixlang.runtime.overlap import (
     placeholder,
     resolve_placeholders,
 )
-from radixlang.runtime.request import Req, TopLogprobs
+from radixlang.runtime.request import Req
+from radixlang.runtime.request_outputs import RequestOutputs
 from radixlang.runtime.sampling import SamplingRow, all_plain_greedy, sample, uses_penalties
 from radixlang.runtime.sampling_rows import sampling_row
 from radixlang.runtime.scheduler import Chunk, Scheduler
@@ -43,25 +45,10 @@ class StepHost(Protocol):
     scheduler: Scheduler
     runner: ModelRunner
     _generator: torch.Generator
+    _outputs: RequestOutputs  # where a step's tokens go
 
     def _run_batch(self, chunks: list[Chunk]) -> int:
         """Compute and sample ``chunks`` now, taking their tokens; how many were taken."""
-
-    def _accept_token(
-        self,
-        req: Req,
-        token: int,
-        logprob: float | None,
-        top: TopLogprobs | None,
-        position: int | None = None,
-    ) -> None:
-        """``token`` (already in ``req.tokens``) as output: text, stops, stream, the end."""
-
-    def _complete(self, req: Req) -> None:
-        """Hand a finished request its result."""
-
-    def _fail_chunks(self, chunks: list[Chunk], error: BaseException) -> None:
-        """Fail the requests of a batch that failed."""
 
     def _account(self, started: float, new_tokens: int) -> None:
         """Count a step's time and tokens."""
@@ -85,7 +72,7 @@ class OneAtATime:
         """Schedule, run the batch, sample and take its tokens, all before returning."""
         schedule = self.host.scheduler.schedule()
         for req in schedule.finished:
-            self.host._complete(req)
+            self.host._outputs.complete(req)
         if not schedule.chunks:
             self.host._account(started, 0)
             return bool(schedule.finished)
@@ -159,7 +146,7 @@ class Overlapped:
                 return bool(new_tokens)
         schedule = self.host.scheduler.schedule()
         for req in schedule.finished:
-            self.host._complete(req)
+            self.host._outputs.complete(req)
         chunks = schedule.chunks
         if not chunks:
             new_tokens += self.fence()
@@ -199,7 +186,7 @@ class Overlapped:
             prepared = self.host.runner.prepare_decode(seqs)
         except Exception as e:
             log.exception("engine step failed")
-            self.host._fail_chunks(chunks, e)
+            self.host._outputs.fail_chunks(chunks, e)
             return None
         commit = self.host.scheduler.commit
         rows: list[int] = []
@@ -254,11 +241,11 @@ class Overlapped:
                 picks = step.future.result()
             except Exception as e:
                 log.exception("engine step failed")
-                self.host._fail_chunks(step.chunks, e)
+                self.host._outputs.fail_chunks(step.chunks, e)
                 return 0
             appended = 0
             token_ids, logprobs, top = picks.token_ids, picks.logprobs, picks.top_logprobs
-            accept = self.host._accept_token
+            accept = self.host._outputs.accept
             for row, req in enumerate(step.sampled):
                 if req.finish_reason is not None:
                     continue  # it stopped (or was aborted) before this token came back
