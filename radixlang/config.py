@@ -293,6 +293,8 @@ ENGINE_SETTINGS = (
     Setting("engine", "cache_dir", TEXT, None,
             "a folder where the radix cache is saved at shutdown and loaded at start (and "
             "where the host tier's file lives)", metavar="DIR"),
+    # llguidance compiles the grammars people write in milliseconds; one that takes seconds
+    # is pathological (or hostile), and its request is refused.
     Setting("engine", "grammar_compile_timeout", POSITIVE_SECONDS, 5.0,
             "seconds one request's regex, JSON schema or grammar may take to compile; a slower "
             "one is refused as a bad request (None in Python: no limit)", nullable=True),

@@ -73,9 +73,6 @@ ENGINE_KEYS = {s.key: s for s in ENGINE_SETTINGS}
 
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 2048, "cuda": 8192}
 THROUGHPUT_WINDOW_S = 10.0
-# llguidance compiles the grammars people write in milliseconds; one that takes seconds is
-# pathological (or hostile), and its request is refused.
-DEFAULT_COMPILE_TIMEOUT_S = ENGINE_KEYS["grammar_compile_timeout"].default
 # With overlap the device thread takes the GIL back after each op it runs without it; at
 # CPython's default switch interval (5 ms) it waited up to that long whenever the engine
 # thread was running Python, which undid the overlap (benchmarks/bench_host_overhead.py).
