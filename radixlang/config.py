@@ -37,8 +37,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 ROUTING_POLICIES = ("cache_aware", "round_robin")  # cluster/router.py POLICIES
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
 DEFAULT_KV_MEMORY = "1GiB"
-# engine.kv_memory's sizes: the same pattern as runtime/engine.py's parse_memory.
+# A memory size: a number and an optional unit (decimal K/M/G/T, binary Ki/Mi/Gi/Ti, B or not).
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_UNITS |= {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_memory(value: int | str | None) -> int | None:
+    """Bytes from an int or a size such as ``"512MiB"``, ``"2GB"``, ``"1.5GiB"``."""
+    if value is None or isinstance(value, int):
+        return value
+    m = _SIZE.fullmatch(value)
+    if not m:
+        raise ValueError(f"kv_memory must be bytes or a size like '2GiB'; got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper().removesuffix("B")])
 
 
 class ConfigError(ValueError):

@@ -17,7 +17,6 @@ import concurrent.futures
 import functools
 import inspect
 import logging
-import re
 import sys
 import threading
 import time
@@ -28,7 +27,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from radixlang.config import ENGINE_SETTINGS, EngineConfig, did_you_mean
+from radixlang.config import (  # parse_memory: re-exported, its old home
+    ENGINE_SETTINGS,
+    EngineConfig,
+    did_you_mean,
+    parse_memory,
+)
 from radixlang.model_files import ModelFiles
 from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
@@ -87,19 +91,6 @@ class EngineClosedError(RuntimeError):
 
 class CacheBusyError(RuntimeError):
     """``flush_cache`` found requests still in flight when its wait ran out: nothing flushed."""
-
-
-def parse_memory(value: int | str | None) -> int | None:
-    """Bytes from an int or a size such as ``"512MiB"``, ``"2GB"``, ``"1.5GiB"``."""
-    if value is None or isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", value, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"kv_memory must be bytes or a size like '2GiB'; got {value!r}")
-    unit = m.group(2).upper().removesuffix("B")
-    scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-    scale |= {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
-    return int(float(m.group(1)) * scale[unit])
 
 
 # Engines whose thread runs, shut down at interpreter exit by ``shutdown_live_engines``.
