@@ -237,6 +237,9 @@ class Setting:
     nullable: bool = False
     # A check of the Python API's values, where the kind's (of TOML values) is not the one.
     python_check: Callable[[Any], Any] | None = None
+    # The Python API also takes objects a file cannot hold (a Path, a torch dtype or device, a
+    # ModelFiles): those are checked where they are used.
+    takes_objects: bool = False
 
     @property
     def name(self) -> str:
@@ -248,13 +251,12 @@ class Setting:
 
     def check_python(self, value: Any) -> Any:
         """``value`` as a keyword argument gives it (``Engine(key=value)``), checked; raises
-        ``ValueError`` naming the key. Objects a file cannot hold (a Path, a torch dtype or
-        device, a ModelFiles) are checked where they are used."""
+        ``ValueError`` naming the key (see ``takes_objects`` for what is checked later)."""
         if self.python_check is not None:
             return self.python_check(value)
         if value is None and (self.default is None or self.nullable):
             return None
-        if not isinstance(value, str | int | float | list | tuple):
+        if self.takes_objects and not isinstance(value, str):
             return value
         try:
             return self.kind.check(value)
@@ -264,11 +266,12 @@ class Setting:
 
 
 ENGINE_SETTINGS = (
-    Setting("engine", "model", TEXT, DEFAULT_MODEL, "a model name, a folder or a .gguf file"),
+    Setting("engine", "model", TEXT, DEFAULT_MODEL, "a model name, a folder or a .gguf file",
+            takes_objects=True),
     Setting("engine", "dtype", _choice_kind(DTYPES), "auto",
             "weights' dtype; auto: bfloat16 where the hardware computes it natively, else "
-            "float32"),
-    Setting("engine", "device", DEVICE, "cpu", "cpu, cuda or cuda:N"),
+            "float32", takes_objects=True),
+    Setting("engine", "device", DEVICE, "cpu", "cpu, cuda or cuda:N", takes_objects=True),
     Setting("engine", "kv_memory", SIZE, None,
             f"KV cache size, e.g. 512MiB or 2GiB (default {DEFAULT_KV_MEMORY}; not with "
             "num_blocks)"),
@@ -304,7 +307,7 @@ ENGINE_SETTINGS = (
             "one) or recompute (left in the device cache; the default without)"),
     Setting("engine", "cache_dir", TEXT, None,
             "a folder where the radix cache is saved at shutdown and loaded at start (and "
-            "where the host tier's file lives)", metavar="DIR"),
+            "where the host tier's file lives)", metavar="DIR", takes_objects=True),
     # llguidance compiles the grammars people write in milliseconds; one that takes seconds
     # is pathological (or hostile), and its request is refused.
     Setting("engine", "grammar_compile_timeout", POSITIVE_SECONDS, 5.0,
@@ -329,7 +332,7 @@ ENGINE_SETTINGS = (
             "deterministic inference: a request's logits, tokens and logprobs bitwise the "
             "same whatever else is in its batch (batch-invariant kernels; slower)"),
     Setting("engine", "kv_dtype", _choice_kind(DTYPES[1:]), None,
-            "the KV cache's dtype (default: the weights')"),
+            "the KV cache's dtype (default: the weights')", takes_objects=True),
     Setting("engine", "check_integrity_every_step", BOOL, False,
             "check the block pool's and the radix cache's invariants after every step (slow; "
             "for debugging)"),

@@ -893,8 +893,6 @@ class Engine:
 def _choose_overlap(
     overlap: bool | None, device: str | torch.device, host_tier_memory: int | str | None
 ) -> bool:
-    if overlap is not None and not isinstance(overlap, bool):
-        raise ValueError(f"overlap must be True, False or None, got {overlap!r}")
     tier = bool(parse_memory(host_tier_memory))
     if overlap and tier:
         raise ValueError(
