@@ -282,9 +282,6 @@ class Scheduler:
                 short.append((req, k))
         return short
 
-    def _new_blocks(self, req: Req, n: int) -> int:
-        return max(0, blocks_for(req.num_computed + n, self.block_size) - len(req.blocks))
-
     def _retract_victim(self) -> Req:
         """The running request that loses least: fewest generated tokens, then newest. Beams
         come last: losing one makes its whole search start over (runtime/beam_search.py)."""
