@@ -37,9 +37,9 @@ from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, Token
 from radixlang.sampling_fields import SAMPLING_FIELDS
 
 _SERVICE = "the OpenAI-compatible service"
-# Engine name -> (request name, default): sent only when a program sets another value.
 # The sampling fields an OpenAI-style request carries under their own names (beams and
-# logit_bias are not sent from programs; json_schema goes as response_format, below).
+# logit_bias are not sent from programs; json_schema goes as response_format, below). OpenAI's
+# own fields are sent always; the others (vLLM and SGLang extras) only when not the default.
 _SENT = tuple(
     f
     for f in SAMPLING_FIELDS
