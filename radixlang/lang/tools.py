@@ -105,13 +105,9 @@ def as_tool(obj: Any, name: str | None = None, description: str | None = None) -
             param.name, Any if param.annotation is param.empty else param.annotation
         )
         default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, _field(default, arg_help.get(param.name)))
+        fields[param.name] = (annotation, Field(default, description=arg_help.get(param.name)))
     arguments = create_model(f"{fn_name}_arguments", **fields)
     return _make(fn_name, description or _summary(obj.__doc__), arguments, obj)
-
-
-def _field(default: Any, help_text: str | None) -> Any:
-    return Field(default=default, description=help_text)
 
 
 def _make(name: str, description: str, arguments: type[BaseModel], fn: Callable[..., Any]) -> Tool:
