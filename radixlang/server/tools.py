@@ -2,25 +2,9 @@
 prompt that shows the tools to the model, the grammar that makes its calls valid, and reading
 the calls back out of the generated text (whole, or streamed as OpenAI's deltas).
 
-The calls' text format (SmolLM2's, and close to Hermes' and Qwen's)::
-
-    <tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>
-
-one JSON array of calls between the markers, written compactly as ``json.dumps`` writes it.
-
-How each ``tool_choice`` constrains the output (a Lark grammar, see :func:`call_grammar`):
-
-- ``"none"``: no tools are shown and nothing is constrained: plain text.
-- ``"required"``: the output must be a call block, each call naming one of the tools and
-  holding arguments valid under that tool's ``parameters`` schema.
-- a named function: the same, with that one tool only.
-- ``"auto"`` (the default with tools): the output is EITHER a call block as above OR a reply
-  that does not start with ``<tool_call>`` (free text, or JSON under the request's
-  ``response_format``). So nothing forces a call: the model's own first tokens decide, and once
-  it has written the marker the rest must be a valid call. A reply that begins as text is text
-  to the end (a marker later in it is just text).
-
-With ``parallel_tool_calls`` false a block holds exactly one call.
+The calls' text format, its grammar and its reading are ``radixlang.constrain.tool_calls``'s
+(shared with the language's ``gen(tools=...)``); ``"none"`` shows no tools and constrains
+nothing.
 
 The model sees the tools through its chat template (``tools=``) when the template writes them
 into the prompt; otherwise (SmolLM2's template ignores them) a system message lists them and
@@ -41,13 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlang.constrain import ConstraintError, json_schema_text
+from radixlang.constrain import tool_calls as call_format
+from radixlang.constrain.tool_calls import CALL_START, ScannedCall, scan_calls
 from radixlang.server.common import APIError
 
-CALL_START = "<tool_call>"
-CALL_END = "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# The arguments' JSON layout, as the rest of radixlang's JSON output (see radixlang.constrain).
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -152,61 +134,16 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> ToolChoice:
     )
 
 
-def _lark_string(text: str) -> str:
-    return json.dumps(text)  # a JSON string is also a Lark string literal
-
-
-def _arguments_schema(tool: Tool) -> str:
-    schema = json.loads(json_schema_text(tool.parameters))  # objects closed, as all JSON output
-    schema["x-guidance"] = _JSON_LAYOUT
-    return json.dumps(schema)
-
-
 def call_grammar(choice: ToolChoice, parallel: bool, text_schema: Any = None) -> str:
-    """The Lark grammar (llguidance's dialect, with ``%json``) of the output ``choice`` allows:
-    a call block of calls to its tools, and for ``auto`` the alternative of a reply that does
-    not start with the call marker (JSON under ``text_schema`` if given)."""
-    lines = []
-    if choice.mode == "auto":
-        if text_schema is not None:
-            schema = json.loads(json_schema_text(text_schema))
-            schema["x-guidance"] = _JSON_LAYOUT
-            lines.append("start: calls | reply")
-            lines.append(f"reply: %json {json.dumps(schema)}")
-        else:
-            lines.append("start: calls | TEXT")
-            # Any text but one that starts with the marker (llguidance's & and ~ on lexemes).
-            lines.append(f"TEXT: /(?s:.+)/ & ~/{re.escape(CALL_START)}(?s:.*)/")
-    else:
-        lines.append("start: calls")
-    more = ' (", " call)*' if parallel else ""
-    opening, closing = _lark_string(CALL_START + "["), _lark_string("]" + CALL_END)
-    lines.append(f"calls: {opening} call{more} {closing}")
-    lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(choice.tools))))
-    for i, tool in enumerate(choice.tools):
-        head = _lark_string(f'{{"name": "{tool.name}", "arguments": ')
-        lines.append(f'call_{i}: {head} args_{i} "}}"')
-        lines.append(f"args_{i}: %json {_arguments_schema(tool)}")
-    return "\n".join(lines) + "\n"
+    """The Lark grammar of the output ``choice`` allows (see ``call_format.call_grammar``)."""
+    tools = [(tool.name, tool.parameters) for tool in choice.tools]
+    return call_format.call_grammar(choice.mode, tools, parallel, text_schema)
 
 
 def tools_prompt(choice: ToolChoice) -> str:
     """The tools and the call format, for a system message (when the chat template does not
     show the tools itself)."""
-    listed = "\n".join(json.dumps(t.spec, ensure_ascii=False) for t in choice.tools)
-    call = '{"name": <function name>, "arguments": <arguments object>}'
-    example = f"{CALL_START}[{call}]{CALL_END}"
-    text = (
-        "You can call these functions (tools):\n<tools>\n"
-        f"{listed}\n</tools>\n"
-        f"To call functions, reply with nothing but {example}, one JSON object per call in the "
-        "array."
-    )
-    if choice.mode == "auto":
-        return text + " Otherwise, reply to the user as usual."
-    if len(choice.tools) == 1:
-        return text + f" Now call the function {choice.tools[0].name}."
-    return text + " Now call at least one of them."
+    return call_format.tools_prompt(choice.mode, [tool.spec for tool in choice.tools])
 
 
 def call_block(tool_calls: Sequence[Any], where: str) -> str:
@@ -224,8 +161,8 @@ def call_block(tool_calls: Sequence[Any], where: str) -> str:
         if isinstance(arguments, str):
             with contextlib.suppress(json.JSONDecodeError):  # else shown as the string it is
                 arguments = json.loads(arguments) if arguments.strip() else {}
-        calls.append(json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False))
-    return f"{CALL_START}[{', '.join(calls)}]{CALL_END}"
+        calls.append((name, arguments))
+    return call_format.format_calls(calls)
 
 
 def template_tool_calls(tool_calls: Sequence[Any]) -> list[Any]:
@@ -244,79 +181,6 @@ def template_tool_calls(tool_calls: Sequence[Any]) -> list[Any]:
 
 
 # ---- reading calls out of the output --------------------------------------------------------
-
-
-@dataclass
-class ScannedCall:
-    name: str
-    arguments: str  # the arguments' JSON text so far
-    complete: bool  # the arguments are whole
-
-
-def _value_end(text: str, start: int) -> int | None:
-    """Where the JSON value that starts at ``text[start]`` ends (one past it), or None if
-    ``text`` stops before it does. A scalar ends at the first character that cannot be part
-    of it, so it needs one character after it."""
-    if start >= len(text):
-        return None
-    first = text[start]
-    if first == '"' or first in "{[":
-        depth, in_string, escaped = 0, False, False
-        for i in range(start, len(text)):
-            c = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif c == "\\":
-                    escaped = True
-                elif c == '"':
-                    in_string = False
-                    if depth == 0:
-                        return i + 1
-            elif c == '"':
-                in_string = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-        return None
-    for i in range(start, len(text)):
-        if text[i] in ",}] \n\t":
-            return i
-    return None
-
-
-def scan_calls(text: str) -> tuple[list[ScannedCall], bool]:
-    """The calls in ``text`` (a call block, or the start of one) so far, and whether the block
-    is closed. Each call is reported once its name is known, with the arguments so far."""
-    calls: list[ScannedCall] = []
-    pos = len(CALL_START) + 1  # past "<tool_call>["
-    if not text.startswith(CALL_START + "["):
-        return calls, False
-    while True:
-        head = '{"name": "'
-        if not text.startswith(head, pos):
-            return calls, False
-        name_end = text.find('"', pos + len(head))
-        if name_end < 0:
-            return calls, False
-        name = text[pos + len(head) : name_end]
-        args_key = ', "arguments": '
-        if not text.startswith(args_key, name_end + 1):
-            return calls, False
-        start = name_end + 1 + len(args_key)
-        end = _value_end(text, start)
-        calls.append(ScannedCall(name, text[start : len(text) if end is None else end],
-                                 end is not None))  # fmt: skip
-        if end is None or not text.startswith("}", end):
-            return calls, False
-        pos = end + 1
-        if text.startswith(", ", pos):
-            pos += 2
-            continue
-        return calls, text.startswith("]" + CALL_END, pos)
 
 
 def new_call_id() -> str:
