@@ -16,10 +16,12 @@ from radixlang.lang.api import (
     gen,
     gen_int,
     gen_string,
+    run_tools,
     select,
     system,
     system_begin,
     system_end,
+    tool,
     user,
     user_begin,
     user_end,
@@ -36,6 +38,7 @@ from radixlang.lang.function import Function, function
 from radixlang.lang.run_options import get_default_backend, set_default_backend
 from radixlang.lang.state import ProgramState, ProgramStateGroup
 from radixlang.lang.structured import StructuredOutputError
+from radixlang.lang.tools import Tool, ToolCall, ToolResult, as_tool
 from radixlang.version import __version__
 
 
@@ -59,7 +62,11 @@ __all__ = [
     "Runtime",
     "RuntimeEndpoint",
     "StructuredOutputError",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
     "__version__",
+    "as_tool",
     "assistant",
     "assistant_begin",
     "assistant_end",
@@ -70,6 +77,7 @@ __all__ = [
     "gen_string",
     "get_default_backend",
     "greedy_token_selection",
+    "run_tools",
     "select",
     "set_default_backend",
     "sum_of_logprobs",
@@ -77,6 +85,7 @@ __all__ = [
     "system_begin",
     "system_end",
     "token_length_normalized",
+    "tool",
     "unconditional_likelihood_normalized",
     "user",
     "user_begin",

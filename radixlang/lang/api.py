@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlang.lang.choices import ChoicesSamplingMethod, token_length_normalized
-from radixlang.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixlang.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, RunTools, Select, as_expr
 from radixlang.lang.run_options import get_default_backend
 from radixlang.lang.structured import (
     check_ebnf,
@@ -19,6 +19,7 @@ from radixlang.lang.structured import (
     only_one,
 )
 from radixlang.lang.structured import json_schema as structured_json_schema
+from radixlang.lang.tools import DEFAULT_TIMEOUT_S, ToolResult, tool_choice_of, tools_by_name
 from radixlang.sampling_fields import (
     FIELDS_BY_NAME,
     PROGRAM_FIELDS,
@@ -60,6 +61,9 @@ def gen(
     beam_width: int | None = None,
     length_penalty: float | None = None,
     early_stopping: bool | None = None,
+    tools: Sequence[Any] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool = True,
     **sampling: Any,
 ) -> Expr:
     """Generate into variable ``name``. Unset arguments take the run's defaults (``run(...)``);
@@ -75,6 +79,16 @@ def gen(
     returns the best, as transformers' ``num_beams``; ``length_penalty`` (default 1.0) divides
     a finished beam's summed log-probabilities by its length to that power, and
     ``early_stopping=True`` stops once k beams are finished.
+
+    Tools: ``tools=[...]`` (Python functions, sync or async, whose signature and docstring
+    make the tool's schema; pydantic model classes; :class:`~radixlang.lang.tools.Tool` objects,
+    e.g. from an MCP server) lets the model call them. ``tool_choice``: ``"auto"`` (the
+    default: the model answers in text or calls), ``"required"`` (it must call), ``"none"``
+    (it may not), or one tool (its name): it must call that one. ``parallel_tool_calls=False``
+    allows one call per answer. The calls are held to valid JSON arguments by a grammar on a
+    radixlang backend (sent as ``tools`` to an OpenAI-compatible one); the tools are described
+    once in the chat's system message. ``s.tool_calls(name)`` reads the calls and
+    ``s += run_tools(name)`` runs them and appends their results as ``tool`` turns.
 
     Any other sampling field of ``radixlang.sampling_fields.SAMPLING_FIELDS`` is a keyword
     argument too (the table lists them all; see "Sampling arguments" below).
@@ -95,6 +109,14 @@ def gen(
         dict(regex=regex, json_schema=json_schema, grammar=grammar, ebnf=ebnf, dtype=dtype,
              choices=choices or None),
     )  # fmt: skip
+    tool_list = list(tools_by_name(tools or []).values())
+    try:
+        tool_mode, callable_tools = tool_choice_of(tool_choice, tool_list)
+    except ValueError as e:
+        raise ValueError(f"gen({name!r}): {e}") from None
+    if callable_tools:
+        _check_tool_gen(name, tool_mode, n, choices, dict(regex=regex, json_schema=json_schema,
+                        grammar=grammar, ebnf=ebnf, dtype=dtype))  # fmt: skip
     if choices:
         return select(
             name,
@@ -134,7 +156,51 @@ def gen(
         json_schema=schema,
         grammar=grammar,
         ebnf=ebnf,
+        tools=callable_tools,
+        shown_tools=tool_list if callable_tools else (),
+        tool_mode=tool_mode,
+        parallel_tool_calls=parallel_tool_calls,
     )
+
+
+def _check_tool_gen(
+    name: str | None, mode: str, n: int | None, choices: Any, constraints: dict[str, Any]
+) -> None:
+    """What a gen that may call tools cannot also be."""
+    if choices:
+        raise ValueError(f"gen({name!r}): tools= and choices= cannot be combined")
+    for key, value in constraints.items():
+        if value is not None and (key != "json_schema" or mode != "auto"):
+            raise ValueError(
+                f"gen({name!r}): tools= cannot be combined with {key}= (only tool_choice='auto' "
+                "takes a json_schema=, for a reply that is not a call)"
+            )
+    if n is not None and n > 1:
+        raise ValueError(f"gen({name!r}): tools= takes one output (n=1); fork for several")
+
+
+def run_tools(name: str, timeout: float = DEFAULT_TIMEOUT_S) -> Expr:
+    """Run the calls gen ``name`` wrote (with that gen's tools; several at once, async tools
+    awaited) and append each result as a ``tool`` turn. A failing tool, one that takes more
+    than ``timeout`` seconds, and a call of no such tool each become an error result the
+    model reads; the program goes on. No calls: nothing is appended.
+    ``s.tool_results(name)`` gives the results."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("run_tools(name): the name of a gen that was given tools=")
+    if not timeout > 0:
+        raise ValueError(f"run_tools({name!r}): timeout must be seconds > 0, got {timeout!r}")
+    return RunTools(name, timeout)
+
+
+def tool(content: Any, call_id: str | None = None, name: str | None = None) -> ExprList:
+    """A ``tool`` turn: a tool's result for the model, rendered by the chat template (a
+    template without a tool role gets it as a user turn in ``<tool_response>`` tags).
+    ``content`` may be a :class:`~radixlang.lang.tools.ToolResult`, which carries its call id
+    and tool name."""
+    if isinstance(content, ToolResult):
+        call_id, name, content = call_id or content.call_id, name or content.name, content.content
+    attrs = {k: v for k, v in (("tool_call_id", call_id), ("name", name)) if v}
+    return ExprList([RoleBegin("tool", attrs), as_expr(content), RoleEnd("tool")])
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

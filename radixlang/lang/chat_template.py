@@ -13,7 +13,9 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# How a tool's result is marked when the template has no tool role (it becomes a user turn).
+TOOL_RESPONSE = ("<tool_response>\n", "\n</tool_response>")
 _SENTINEL = "\x00RADIXLANG-CONTENT\x00"
 
 
@@ -27,6 +29,9 @@ class ChatTemplate:
     stop_str: tuple[str, ...] = ()
 
     def get_prefix_and_suffix(self, role: str, history: list[dict[str, Any]]) -> tuple[str, str]:
+        if role == "tool" and "tool" not in self.prefix:  # a user turn, marked
+            prefix, suffix = self.get_prefix_and_suffix("user", history)
+            return prefix + TOOL_RESPONSE[0], TOOL_RESPONSE[1] + suffix
         if role not in self.prefix:
             raise ValueError(f"unknown role {role!r}: expected one of {sorted(self.prefix)}")
         prefix = self.first_prefix.get(role, self.prefix[role]) if not history else None
@@ -49,8 +54,8 @@ class ChatTemplate:
 
 PLAIN = ChatTemplate(
     name="plain",
-    prefix={"system": "", "user": "User: ", "assistant": "Assistant:"},
-    suffix={"system": "\n\n", "user": "\n", "assistant": "\n"},
+    prefix={"system": "", "user": "User: ", "assistant": "Assistant:", "tool": "Tool: "},
+    suffix={"system": "\n\n", "user": "\n", "assistant": "\n", "tool": "\n"},
 )
 
 
@@ -136,6 +141,9 @@ def _read(render: Any, name: str, with_system: bool) -> ChatTemplate:
     before = render(base)
     for role in ("user", "assistant"):
         prefix[role], suffix[role] = _split(render([*base, _msg(role)]), before)
+    with contextlib.suppress(Exception):  # a template without a tool role: see TOOL_RESPONSE
+        tool_turn = {**_msg("tool"), "tool_call_id": "call_0", "name": "probe"}
+        prefix["tool"], suffix["tool"] = _split(render([*base, tool_turn]), before)
     first_prefix = {"system": sys_prefix}
     if with_system:
         # The system role in mid-chat (rare, but programs may do it); a template that forbids

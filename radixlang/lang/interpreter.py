@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import threading
 import time
 import warnings
@@ -19,6 +20,13 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from radixlang.constrain.tool_calls import (
+    CALL_START,
+    call_grammar,
+    format_calls,
+    parse_calls,
+    tools_prompt,
+)
 from radixlang.lang.backends.base import Backend, StreamMeta
 from radixlang.lang.chat_template import ChatTemplate
 from radixlang.lang.ir import (
@@ -28,6 +36,7 @@ from radixlang.lang.ir import (
     Gen,
     RoleBegin,
     RoleEnd,
+    RunTools,
     SamplingDefaults,
     Select,
     Text,
@@ -37,6 +46,7 @@ from radixlang.lang.ir import (
     as_expr,
 )
 from radixlang.lang.routing import in_scope, new_program_key, routing_scope
+from radixlang.lang.tools import ToolCall, ToolResult, new_call_id, run_tool_calls
 
 if TYPE_CHECKING:
     from radixlang.lang.run_graph import RunRecorder
@@ -132,6 +142,15 @@ class StateExecutor:
         self.stream_chunks: dict[str | None, list[tuple[str, dict[str, Any]]]] = {}
         self.cur_role: str | None = None
         self.cur_role_begin = 0
+        self.cur_role_attrs: dict[str, Any] = {}  # a tool turn's call id and tool name
+        # Tools: the calls each tools gen wrote, what run_tools gave for them, the calls of the
+        # open assistant turn (its message's tool_calls), the tool descriptions the system
+        # message shows, and where the system message's content ends in the text.
+        self.tool_calls: dict[str | None, Any] = {}
+        self.tool_results: dict[str | None, list[ToolResult]] = {}
+        self.turn_calls: list[ToolCall] = []
+        self.shown_tools: set[str] = set()
+        self.system_end: int | None = None
         self.fork_start: int | None = None
         self.error: BaseException | None = None
         # The error was raised outside the programs' threads (to a reader of the state or its
@@ -284,6 +303,12 @@ class StateExecutor:
         self.inherited_vars = set(parent.variables)
         self.cur_role = parent.cur_role
         self.cur_role_begin = parent.cur_role_begin
+        self.cur_role_attrs = parent.cur_role_attrs
+        self.tool_calls = dict(parent.tool_calls)
+        self.tool_results = dict(parent.tool_results)
+        self.turn_calls = list(parent.turn_calls)
+        self.shown_tools = set(parent.shown_tools)
+        self.system_end = parent.system_end
         self.fork_start = len(parent.text)
         self._resume()
 
@@ -353,6 +378,10 @@ class StateExecutor:
                 UserWarning,
                 stacklevel=3,  # the program's forks.join()
             )
+        for name in gathered:
+            calls = [child.tool_calls[name] for child in children if name in child.tool_calls]
+            if calls:  # the forks' calls of a tools gen, one list per fork
+                self.tool_calls[name] = calls
         for name, values in gathered.items():
             if name in gens:
                 self.gens[name] = gens[name]
@@ -435,9 +464,11 @@ class StateExecutor:
         elif isinstance(expr, Select):
             self._select(expr)
         elif isinstance(expr, RoleBegin):
-            self._role_begin(expr.role)
+            self._role_begin(expr.role, expr.attrs)
         elif isinstance(expr, RoleEnd):
             self._role_end(expr.role)
+        elif isinstance(expr, RunTools):
+            self._run_tools(expr)
         elif isinstance(expr, VarScopeBegin):
             self.variables[expr.name] = len(self.text)
         elif isinstance(expr, VarScopeEnd):
@@ -532,9 +563,12 @@ class StateExecutor:
 
     def _gen(self, expr: Gen) -> None:
         sampling = self._sampling(expr)
+        chat = self.backend.is_chat_model
+        if expr.calls_tools:
+            self._offer_tools(expr, sampling, chat)
         prompt: Any = self.text
         generate, generate_stream = self.backend.generate, self.backend.generate_stream
-        if self.backend.is_chat_model:
+        if chat:
             self._check_chat_gen(expr)
             prompt = list(self.messages)  # the turns before the open assistant turn
             generate, generate_stream = (
@@ -548,7 +582,7 @@ class StateExecutor:
                 outs = [call.result() for call in calls]
             self.text += outs[0][0]
             self._set_var(expr.name, [t for t, _ in outs], [m for _, m in outs])
-        elif self.stream:
+        elif self.stream and not (chat and expr.calls_tools):  # a chat's calls come whole
             chunks: list[tuple[str, dict[str, Any]]] = []
             tracker = StreamMeta()
             meta: dict[str, Any] = {}
@@ -562,11 +596,125 @@ class StateExecutor:
                     self.variables[expr.name] += piece
                     chunks.append((piece, chunk_meta))
                     self._cond.notify_all()
+            self._take_calls(expr, self.variables[expr.name], meta)
             self._set_var(expr.name, self.variables[expr.name], tracker.final(meta))
         else:
             text, meta = generate(prompt, sampling)
+            text = self._take_calls(expr, text, meta)
             self.text += text
             self._set_var(expr.name, text, meta)
+
+    # ---- tools -------------------------------------------------------------------------------
+    def _offer_tools(self, expr: Gen, sampling: dict[str, Any], chat: bool) -> None:
+        """Let a gen call its tools: a chat service is sent them (OpenAI's ``tools``); on a
+        text backend the system message describes them and a grammar holds the output to a
+        reply or valid calls."""
+        if chat:
+            sampling["tools"] = [t.openai() for t in expr.tools]
+            named = expr.tool_mode == "required" and len(expr.tools) < len(expr.shown_tools)
+            sampling["tool_choice"] = (
+                {"type": "function", "function": {"name": expr.tools[0].name}}
+                if named
+                else expr.tool_mode
+            )
+            sampling["parallel_tool_calls"] = expr.parallel_tool_calls
+            return
+        self._show_tools(expr)
+        reply_schema = sampling.pop("json_schema", None)
+        tools = [(t.name, t.parameters) for t in expr.tools]
+        sampling["grammar"] = call_grammar(
+            expr.tool_mode, tools, expr.parallel_tool_calls, reply_schema
+        )
+
+    def _show_tools(self, expr: Gen) -> None:
+        """Describe the gen's tools (all it was given, so the text is the same whatever its
+        ``tool_choice``) once, at the end of the chat's system message: the prompt's prefix
+        then stays the same from step to step of an agent, and across agents with the same
+        system prompt and tools. A chat without a system message gets one first; a program
+        without roles gets the description as its first paragraph."""
+        text = tools_prompt("auto", [t.openai() for t in expr.shown_tools])
+        if text in self.shown_tools or text in self.text:
+            return
+        self.shown_tools.add(text)
+        template = self.chat_template
+        if self.system_end is not None:  # after the system message's content
+            at, head = self.system_end, "\n\n" if self.messages[0]["content"] else ""
+            self._insert(at, at, head + text)
+            self.messages[0] = {
+                **self.messages[0],
+                "content": self.messages[0]["content"] + head + text,
+            }
+            return
+        first = self.messages[0]["role"] if self.messages else self.cur_role
+        if first is None:  # no roles: a first paragraph
+            self._insert(0, 0, text + "\n\n")
+            return
+        prefix, suffix = template.get_prefix_and_suffix("system", [])
+        opening = template.first_prefix.get(first)
+        replaced = len(opening) if opening and self.text.startswith(opening) else 0
+        after = template.prefix[first] if replaced else ""
+        self._insert(0, replaced, prefix + text + suffix + after)
+        self.system_end = len(prefix) + len(text)
+        self.messages.insert(0, {"role": "system", "content": text})
+
+    def _insert(self, start: int, end: int, new: str) -> None:
+        """Replace ``text[start:end]`` with ``new``, moving the positions that lie after it."""
+        shift = len(new) - (end - start)
+        self.text = self.text[:start] + new + self.text[end:]
+        if self.system_end is not None and self.system_end >= end:
+            self.system_end += shift
+        if self.cur_role is not None and self.cur_role_begin >= end:
+            self.cur_role_begin += shift
+        if self.fork_start is not None and self.fork_start >= end:
+            self.fork_start += shift
+
+    def _take_calls(self, expr: Gen, text: str, meta: dict[str, Any]) -> str:
+        """Read the calls a tools gen wrote (a chat service's ``tool_calls``, else the call
+        block in its text) into ``tool_calls``; returns the gen's text (a chat service's calls
+        written as a call block, so every backend shows them alike)."""
+        if not expr.calls_tools:
+            return text
+        if meta.get("tool_calls"):
+            calls = [_chat_call(c) for c in meta["tool_calls"]]
+            text = (text + "\n" if text else "") + format_calls(
+                [(c.name, c.arguments) for c in calls]
+            )
+        else:
+            calls = [ToolCall(name, args, new_call_id()) for name, args in parse_calls(text)]
+        self.tool_calls[expr.name] = calls
+        self.turn_calls.extend(calls)
+        return text
+
+    def _run_tools(self, expr: RunTools) -> None:
+        if self.cur_role is not None:
+            raise ProgramError(
+                f"run_tools({expr.name!r}) is inside a {self.cur_role!r} turn: tool results "
+                "are turns of their own, so run the tools after the assistant turn ends"
+            )
+        gen = self.gens.get(expr.name)
+        calls = self.tool_calls.get(expr.name)
+        if gen is None or calls is None or not gen.shown_tools:
+            raise ProgramError(
+                f"run_tools({expr.name!r}): no gen({expr.name!r}, tools=...) ran in this state"
+            )
+        if calls and isinstance(calls[0], list):
+            raise ProgramError(
+                f"run_tools({expr.name!r}): {expr.name!r} holds the calls of several forks; run "
+                "each fork's tools in the fork"
+            )
+        started = time.perf_counter()
+        results = run_tool_calls(calls, gen.shown_tools, expr.timeout)
+        seconds = time.perf_counter() - started
+        self.tool_results[expr.name] = results
+        if self.recorder is not None and calls:
+            label = ", ".join(c.name for c in calls)
+            node = self.recorder.step(self.chain, "tool", label)
+            self.recorder.latency(node, seconds)
+        for result in results:
+            attrs = {"tool_call_id": result.call_id, "name": result.name}
+            self._role_begin("tool", attrs)
+            self.text += result.content
+            self._role_end("tool")
 
     def _check_chat_gen(self, expr: Gen) -> None:
         """A chat service writes a whole assistant message from the messages before it: a gen
@@ -589,7 +737,7 @@ class StateExecutor:
         self.text += decision.decision
         self._set_var(expr.name, decision.decision, decision.meta_info)
 
-    def _role_begin(self, role: str) -> None:
+    def _role_begin(self, role: str, attrs: dict[str, Any] | None = None) -> None:
         if self.cur_role is not None:
             raise ProgramError(
                 f"role {role!r} begins inside role {self.cur_role!r}: roles do not nest"
@@ -603,15 +751,36 @@ class StateExecutor:
         self.text += prefix
         self.cur_role = role
         self.cur_role_begin = len(self.text)
+        self.cur_role_attrs = dict(attrs or {})
+        if role == "assistant":
+            self.turn_calls = []
 
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
             raise ProgramError(f"role {role!r} ends but the open role is {self.cur_role!r}")
         content = self.text[self.cur_role_begin :].lstrip()
+        if role == "system" and not self.messages:
+            self.system_end = len(self.text)
         _, suffix = self.chat_template.get_prefix_and_suffix(role, self.messages)
         self.text += suffix
         self.cur_role = None
-        self.messages.append({"role": role, "content": content})
+        message: dict[str, Any] = {"role": role, "content": content, **self.cur_role_attrs}
+        if role == "assistant" and self.turn_calls:  # the calls as a chat message holds them
+            message["content"] = content.split(CALL_START)[0].rstrip()
+            message["tool_calls"] = [call.openai() for call in self.turn_calls]
+            self.turn_calls = []
+        self.messages.append(message)
+
+
+def _chat_call(item: dict[str, Any]) -> ToolCall:
+    """A chat service's ``tool_calls`` item as a ToolCall (arguments that are not a JSON
+    object are kept as their text: running the call then gives an error result)."""
+    function = item.get("function") or {}
+    arguments: Any = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            arguments = json.loads(arguments) if arguments.strip() else {}
+    return ToolCall(str(function.get("name")), arguments, item.get("id") or new_call_id())
 
 
 class _ForkPoint(Expr):

@@ -20,6 +20,7 @@ from radixlang.sampling_fields import PROGRAM_FIELDS
 if TYPE_CHECKING:
     from radixlang.lang.choices import ChoicesSamplingMethod
     from radixlang.lang.structured import JsonSchema
+    from radixlang.lang.tools import Tool
 
 _ids = itertools.count()
 
@@ -111,7 +112,9 @@ class Gen(Expr):
 
     At most one constraint on the output's form: ``regex``, ``json_schema`` (checked by ``gen``:
     its JSON text, the schema, and the pydantic model it came from), a Lark ``grammar``, an
-    ``ebnf`` grammar, or a ``dtype``."""
+    ``ebnf`` grammar, or a ``dtype``. With ``tools`` (and ``tool_mode`` "auto" or "required")
+    the output may be (or must be) calls of them; with "auto" a reply may follow
+    ``json_schema``."""
 
     def __init__(
         self,
@@ -124,6 +127,10 @@ class Gen(Expr):
         json_schema: JsonSchema | None = None,
         grammar: str | None = None,
         ebnf: str | None = None,
+        tools: Sequence[Tool] = (),
+        shown_tools: Sequence[Tool] = (),
+        tool_mode: str = "none",
+        parallel_tool_calls: bool = True,
     ) -> None:
         super().__init__()
         self.name = name
@@ -134,6 +141,14 @@ class Gen(Expr):
         self.schema = json_schema
         self.grammar = grammar
         self.ebnf = ebnf
+        self.tools = tuple(tools)  # the tools it may call (none when tool_mode is "none")
+        self.shown_tools = tuple(shown_tools) or self.tools  # all it was given
+        self.tool_mode = tool_mode
+        self.parallel_tool_calls = parallel_tool_calls
+
+    @property
+    def calls_tools(self) -> bool:
+        return bool(self.tools) and self.tool_mode != "none"
 
     @property
     def json_schema(self) -> str | None:
@@ -146,7 +161,7 @@ class Gen(Expr):
         for kind in ("regex", "json_schema", "grammar", "ebnf", "dtype"):
             if getattr(self, kind) is not None:
                 return kind
-        return None
+        return "tools" if self.calls_tools else None
 
     def __repr__(self) -> str:
         return f"Gen({self.name!r})"
@@ -173,9 +188,10 @@ class Select(Expr):
 
 
 class RoleBegin(Expr):
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, attrs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.role = role
+        self.attrs = attrs or {}  # a tool turn's call id and tool name, for its message
 
     def __repr__(self) -> str:
         return f"RoleBegin({self.role!r})"
@@ -188,6 +204,19 @@ class RoleEnd(Expr):
 
     def __repr__(self) -> str:
         return f"RoleEnd({self.role!r})"
+
+
+class RunTools(Expr):
+    """Run the tool calls that gen ``name`` wrote (with that gen's tools, at once) and append
+    each result as a ``tool`` turn."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        super().__init__()
+        self.name = name
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"RunTools({self.name!r})"
 
 
 class VarScopeBegin(Expr):

@@ -26,7 +26,7 @@ class RunRecorder:
         self._lock = threading.Lock()
         self._chains = 0
         self._last: dict[int, tuple[int, str]] = {}  # chain -> (its latest node, next edge kind)
-        self._counts: dict[int, dict[str, int]] = {}  # gen/select node -> its cache figures
+        self._counts: dict[int, dict[str, Any]] = {}  # a node -> its cache figures, latency
 
     def new_chain(self) -> int:
         with self._lock:
@@ -75,6 +75,11 @@ class RunRecorder:
                         totals[key] = totals.get(key, 0) + m[key]
         with self._lock:
             self._counts[node] = totals
+
+    def latency(self, node: int, seconds: float) -> None:
+        """Attach how long a step took (a tool node's calls, run at once)."""
+        with self._lock:
+            self._counts.setdefault(node, {})["latency_ms"] = round(seconds * 1000, 1)
 
     def to_dict(self) -> dict[str, Any]:
         """The graph as ``POST /dashboard/api/programs`` takes it."""

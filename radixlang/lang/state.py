@@ -61,6 +61,20 @@ class ProgramState:
         await self.executor.settle_async()
         return self
 
+    def tool_calls(self, name: str) -> list[Any]:
+        r"""The tool calls gen ``name`` wrote (``gen(name, tools=...)``), as
+        :class:`~radixlang.lang.tools.ToolCall`\s (name, arguments, id), in order; empty when
+        it answered in text. After a join, one list per fork."""
+        self.executor.get_var(name)
+        return list(self.executor.tool_calls.get(name, []))
+
+    def tool_results(self, name: str) -> list[Any]:
+        r"""What ``run_tools(name)`` gave, as :class:`~radixlang.lang.tools.ToolResult`\s
+        (waits until everything submitted so far has run)."""
+        self.executor.sync()
+        self.executor.raise_error()
+        return list(self.executor.tool_results.get(name, []))
+
     def parsed(self, name: str) -> Any:
         """Variable ``name`` as a value, read by the gen that made it (``s[name]`` is its text):
 

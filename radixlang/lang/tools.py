@@ -21,11 +21,13 @@ import json
 import re
 import time
 import typing
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 DEFAULT_TIMEOUT_S = 30.0
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
@@ -62,6 +64,35 @@ class ToolCall:
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
     id: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        """The call as an OpenAI assistant message's ``tool_calls`` item."""
+        arguments = json.dumps(self.arguments, ensure_ascii=False)
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": arguments}}  # fmt: skip
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_choice_of(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tuple[Tool, ...]]:
+    """``gen``'s ``tool_choice`` (``"auto"``, the default with tools; ``"required"``; ``"none"``;
+    or a tool's name, or the tool itself: call that one) as (mode, the tools it may call)."""
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    if tool_choice in ("auto", "required", "none"):
+        if tool_choice != "none" and not tools:
+            raise ValueError(f"tool_choice={tool_choice!r} needs tools=")
+        return tool_choice, tuple(tools) if tool_choice != "none" else ()
+    wanted = tool_choice if isinstance(tool_choice, str) else as_tool(tool_choice).name
+    for tool in tools:
+        if tool.name == wanted:
+            return "required", (tool,)
+    raise ValueError(
+        f"tool_choice={tool_choice!r}: expected 'auto', 'required', 'none' or the name of one "
+        f"of the tools ({', '.join(t.name for t in tools) or 'none given'})"
+    )
 
 
 @dataclass(frozen=True)
@@ -105,6 +136,11 @@ def as_tool(obj: Any, name: str | None = None, description: str | None = None) -
             param.name, Any if param.annotation is param.empty else param.annotation
         )
         default = ... if param.default is param.empty else param.default
+        if isinstance(default, FieldInfo):  # ``x: str = Field(max_length=8)``
+            if default.description is None and param.name in arg_help:
+                default.description = arg_help[param.name]
+            fields[param.name] = (annotation, default)
+            continue
         fields[param.name] = (annotation, Field(default, description=arg_help.get(param.name)))
     arguments = create_model(f"{fn_name}_arguments", **fields)
     return _make(fn_name, description or _summary(obj.__doc__), arguments, obj)

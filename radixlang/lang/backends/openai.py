@@ -111,20 +111,23 @@ class OpenAI(Backend):
     ) -> tuple[str, dict[str, Any]]:
         body = {
             "model": self.model,
-            "messages": messages,
+            "messages": _api_messages(messages),
             **_params(sampling, chat=True, official=self.official),
         }
         out = self.service.post("/chat/completions", body)
         choice = out["choices"][0]
-        content = (choice.get("message") or {}).get("content")
-        return content or "", _meta_info(out, choice, chat=True)
+        message = choice.get("message") or {}
+        meta = _meta_info(out, choice, chat=True)
+        if message.get("tool_calls"):
+            meta["tool_calls"] = message["tool_calls"]
+        return message.get("content") or "", meta
 
     def generate_chat_stream(
         self, messages: list[dict[str, Any]], sampling: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         body = {
             "model": self.model,
-            "messages": messages,
+            "messages": _api_messages(messages),
             **_params(sampling, chat=True, official=self.official),
         }
         yield from _pieces(self.service.events("/chat/completions", _streaming(body)), chat=True)
@@ -234,6 +237,11 @@ def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dic
             }
         else:  # SGLang's completions extra: the schema's JSON text
             out["json_schema"] = json.dumps(schema)
+    if sampling.get("tools"):  # gen(tools=...) on a chat model: OpenAI's function calling
+        out["tools"] = sampling["tools"]
+        out["tool_choice"] = sampling.get("tool_choice", "auto")
+        if sampling.get("parallel_tool_calls") is False:
+            out["parallel_tool_calls"] = False
     if sampling.get("return_logprob"):
         top = sampling.get("top_logprobs_num") or 0
         if chat:
@@ -243,6 +251,14 @@ def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dic
         else:
             out["logprobs"] = top
     return out
+
+
+def _api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A program's messages as the chat API takes them: a tool turn by its call id only."""
+    return [
+        {k: v for k, v in m.items() if k != "name"} if m["role"] == "tool" else m
+        for m in messages
+    ]
 
 
 def _check_structured(sampling: dict[str, Any], chat: bool, official: bool) -> None:
