@@ -256,8 +256,7 @@ def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dic
 def _api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A program's messages as the chat API takes them: a tool turn by its call id only."""
     return [
-        {k: v for k, v in m.items() if k != "name"} if m["role"] == "tool" else m
-        for m in messages
+        {k: v for k, v in m.items() if k != "name"} if m["role"] == "tool" else m for m in messages
     ]
 
 

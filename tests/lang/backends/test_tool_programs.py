@@ -17,7 +17,6 @@ from radixlang.lang.backends.endpoint import RuntimeEndpoint
 from radixlang.lang.backends.openai import OpenAI
 from radixlang.lang.tools import as_tool
 
-
 Small = Annotated[int, Field(ge=-9999, le=9999)]  # a random model's integers end in time
 
 
