@@ -37,13 +37,42 @@ _ARG_LINE = re.compile(r"^\s+(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 @dataclass(frozen=True)
 class Tool:
     """A tool a model may call: ``name``, ``description``, ``parameters`` (the JSON schema of
-    its arguments object); ``arguments`` validates them; ``fn`` runs it."""
+    its arguments object); ``fn`` runs it. ``arguments`` is the pydantic model its arguments
+    validate against (a Python tool's); a tool with none (an MCP server's) is checked against
+    ``parameters`` itself."""
 
     name: str
     description: str
     parameters: dict[str, Any]
-    arguments: type[BaseModel]
+    arguments: type[BaseModel] | None
     fn: Callable[..., Any]
+
+    def check(self, arguments: Any) -> dict[str, Any]:
+        """The keyword arguments ``fn`` takes for a call's ``arguments``; raises
+        :class:`InvalidArguments` saying what is wrong."""
+        if not isinstance(arguments, Mapping):
+            raise InvalidArguments(f"the arguments must be an object, got {arguments!r}")
+        if self.arguments is None:
+            import jsonschema
+
+            errors = sorted(jsonschema.Draft202012Validator(self.parameters)
+                            .iter_errors(dict(arguments)), key=str)  # fmt: skip
+            if errors:
+                raise InvalidArguments("; ".join(
+                    f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: {e.message}"
+                    for e in errors
+                ))  # fmt: skip
+            return dict(arguments)
+        try:
+            parsed = self.arguments.model_validate(dict(arguments))
+        except ValidationError as e:
+            raise InvalidArguments("; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in e.errors()
+            )) from None  # fmt: skip
+        if self.fn is self.arguments:  # a pydantic model tool: called with the model
+            return {"": parsed}
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
     def openai(self) -> dict[str, Any]:
         """The tool as OpenAI's ``tools`` list takes it."""
@@ -55,6 +84,10 @@ class Tool:
                 "parameters": self.parameters,
             },
         }
+
+
+class InvalidArguments(ValueError):
+    """A call's arguments do not fit its tool's schema."""
 
 
 @dataclass(frozen=True)
@@ -147,13 +180,27 @@ def as_tool(obj: Any, name: str | None = None, description: str | None = None) -
 
 
 def _make(name: str, description: str, arguments: type[BaseModel], fn: Callable[..., Any]) -> Tool:
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-        raise ValueError(f"tool name {name!r}: 1 to 64 letters, digits, '_' or '-'")
     schema = arguments.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
-    return Tool(name, description, schema, arguments, fn)
+    return make_tool(name, description, schema, fn, arguments)
+
+
+def make_tool(
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    fn: Callable[..., Any],
+    arguments: type[BaseModel] | None = None,
+) -> Tool:
+    """A tool from its parts: ``fn`` takes the arguments as keywords; with no pydantic
+    ``arguments`` model they are checked against the ``parameters`` schema."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ValueError(f"tool name {name!r}: 1 to 64 letters, digits, '_' or '-'")
+    if dict(parameters).get("type", "object") != "object":
+        raise ValueError(f"tool {name!r}: its parameters must describe an object")
+    return Tool(name, description, dict(parameters), arguments, fn)
 
 
 def _summary(doc: str | None) -> str:
@@ -229,20 +276,13 @@ def _run_one(call: ToolCall, tools: Mapping[str, Tool], timeout: float) -> tuple
     if tool is None:
         return f"error: no tool named {call.name!r}; the tools are {', '.join(tools)}", True
     try:
-        parsed = tool.arguments.model_validate(dict(call.arguments))
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
-            for err in e.errors()
-        )
-        return f"error: {call.name}: invalid arguments: {problems}", True
-    except TypeError as e:  # arguments that are not an object
+        kwargs = tool.check(call.arguments)
+    except InvalidArguments as e:
         return f"error: {call.name}: invalid arguments: {e}", True
     try:
-        if tool.fn is tool.arguments:  # a pydantic model tool: the validated model
-            value: Any = parsed
+        if "" in kwargs:  # a pydantic model tool: the validated model
+            value: Any = kwargs[""]
         else:
-            kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
             value = tool.fn(**kwargs)
             if inspect.isawaitable(value):
                 value = asyncio.run(_bounded(value, timeout))
