@@ -130,3 +130,43 @@ def test_serve_and_query_example():
     m = re.search(r"server: (\d+) requests, prompt tokens: (\d+) reused, (\d+) computed", out)
     assert m and int(m[1]) == 6  # the fork's prefill, 3 branches, 1 chat, 1 /generate
     assert int(m[2]) > int(m[3])
+
+
+def run_with_radixlang_run(name: str, *args: str) -> str:
+    """``radixlang run examples/<name> -- args``; it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixlang.cli", "run", str(ROOT / "examples" / name), "--", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_react_agent_example_under_radixlang_run():
+    out = run_with_radixlang_run("react_agent.py", "--questions", "2", "--steps", "2",
+                                 "--max-tokens", "64")  # fmt: skip
+    assert out.count("Q: ") == 2 and out.count("  answer: ") == 2
+    # Every agent's first step must call a tool: each printed one call and its result at least.
+    steps = re.findall(r"^  step \d: (\w+)\((.*)\) -> (.+)  \[(.+)\]$", out, flags=re.M)
+    assert len(steps) >= 2
+    assert {name for name, *_ in steps} <= {"search_docs", "calculate", "convert_units"}
+    calls = int(re.search(r"2 agents, (\d+) tool calls", out)[1])
+    assert calls == len(steps)
+    reused, computed, _ = cache_stats(out)
+    assert reused > computed  # every step and both agents extend one shared prefix
+
+
+@pytest.mark.slow
+def test_multi_agent_example_under_radixlang_run():
+    out = run_with_radixlang_run("multi_agent.py", "--workers", "2", "--max-tokens", "96")
+    workers = re.findall(r"^worker \d: (.+)$", out, flags=re.M)
+    assert 1 <= len(workers) <= 2
+    # Each worker's branch called a tool (tool_choice="required") and ran it.
+    assert len(re.findall(r"^  (search_docs|calculate|convert_units)\(.*\) -> ", out,
+                          flags=re.M)) >= len(workers)  # fmt: skip
+    assert out.count("  finding: ") == len(workers) and "\nanswer: " in out
+    reused, _, _ = cache_stats(out)
+    assert reused > 0  # the branches share the planner's conversation

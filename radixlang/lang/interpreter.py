@@ -378,10 +378,14 @@ class StateExecutor:
                 UserWarning,
                 stacklevel=3,  # the program's forks.join()
             )
-        for name in gathered:
-            calls = [child.tool_calls[name] for child in children if name in child.tool_calls]
-            if calls:  # the forks' calls of a tools gen, one list per fork
-                self.tool_calls[name] = calls
+        for name in gathered:  # a tools gen's calls and results: one list per fork
+            for mine, theirs in (
+                (self.tool_calls, "tool_calls"),
+                (self.tool_results, "tool_results"),
+            ):
+                lists = [getattr(c, theirs)[name] for c in children if name in getattr(c, theirs)]
+                if lists:
+                    mine[name] = lists
         for name, values in gathered.items():
             if name in gens:
                 self.gens[name] = gens[name]
