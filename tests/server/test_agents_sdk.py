@@ -53,8 +53,7 @@ def test_an_agents_sdk_agent_calls_a_tool_and_answers():
                 model=OpenAIChatCompletionsModel(model=engine.files.name, openai_client=client),
                 # The first turn must call a tool; the SDK then resets the choice to auto, so
                 # the model answers once it has read the tool's output.
-                model_settings=ModelSettings(tool_choice="required", temperature=0,
-                                             max_tokens=80),  # fmt: skip
+                model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
             )
             result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=6))
             stats = engine.stats()
