@@ -29,7 +29,11 @@ CONFIG_ENV = "RADIXLANG_CONFIG"
 SECTIONS = ("engine", "server")
 # The scheduler's and the weights' names (runtime/scheduler.py SchedulePolicy, and "auto"
 # beside model_runner's DTYPES); tests/test_config.py checks these lists against the runtime.
-SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight", "program")
+# How long a call that may end at a tool call asks the engine to keep its path (retain_s) by
+# default: the program is back once its tools return (tens of ms to seconds); the engine cuts
+# it to its retain_max_s, and the program's end releases it sooner.
+TOOL_CALL_RETAIN_S = 30.0
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8")  # the runtime's models/linear.py QUANTIZATIONS
 PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
@@ -135,6 +139,21 @@ def _number_kind(description: str, positive: bool = False) -> Kind:
     return Kind(description, check, parse, metavar="SECONDS")
 
 
+def _fraction_kind(description: str) -> Kind:
+    number = _number_kind(description)
+
+    def check(value: Any) -> float:
+        value = number.check(value)
+        if value > 1:
+            raise ValueError(description)
+        return value
+
+    def parse(text: str) -> float:
+        return check(number.parse(text))
+
+    return Kind(description, check, parse, metavar="FRACTION")
+
+
 def _choice_kind(choices: Sequence[str]) -> Kind:
     description = "one of " + ", ".join(choices)
 
@@ -203,6 +222,7 @@ INTEGER = _int_kind("an integer", lambda v: True)
 PORT = _int_kind("a port number from 0 to 65535", lambda v: 0 <= v <= 65535, "PORT")
 SECONDS = _number_kind("a number of seconds >= 0")
 POSITIVE_SECONDS = _number_kind("a number of seconds > 0", positive=True)
+FRACTION = _fraction_kind("a number from 0 to 1")
 SIZE = Kind(
     "a size such as '512MiB' or '2GiB', or a number of bytes",
     _size_check,
@@ -283,7 +303,8 @@ ENGINE_SETTINGS = (
     Setting("engine", "max_batch_tokens", POSITIVE_INT, None,
             "tokens per engine step (default 2048 on CPUs, 8192 on GPUs)"),
     Setting("engine", "schedule_policy", _choice_kind(SCHEDULE_POLICIES), "lpm",
-            "admission order: lpm (longest cached prefix first), fcfs or dfs-weight"),
+            "admission order: lpm (longest cached prefix first), fcfs, dfs-weight, or program "
+            "(the least served program first: a program's calls so far count, as Autellix)"),
     Setting("engine", "max_context", POSITIVE_INT, None,
             "cap on a sequence's length in tokens (default: the model's context)"),
     Setting("engine", "allow_auto_truncate", BOOL, False,
@@ -305,6 +326,12 @@ ENGINE_SETTINGS = (
     Setting("engine", "preemption", _choice_kind(PREEMPTIONS), None,
             "a retracted request's KV: swap (to the host tier, loaded back; the default with "
             "one) or recompute (left in the device cache; the default without)"),
+    Setting("engine", "retain_max_s", SECONDS, 60.0,
+            "the longest a request may ask the cache to keep its path for its program's next "
+            "call (retain_s: a program paused at a tool call); 0 turns retention off"),
+    Setting("engine", "retain_max_share", FRACTION, 0.5,
+            "the share of the KV pool that retained paths may hold; past it the retentions "
+            "nearest their deadline end"),
     Setting("engine", "cache_dir", TEXT, None,
             "a folder where the radix cache is saved at shutdown and loaded at start (and "
             "where the host tier's file lives)", metavar="DIR", takes_objects=True),

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
     from radixlang.lang.tracer import CompiledFunction
 
 
+def end_retention(executor: StateExecutor) -> None:
+    """The run is over: the paths its tool calls kept cached for it can go (once every state
+    of the run has settled)."""
+    executor.sync_all()
+    executor.backend.release_program(executor.routing_key)
+
+
 class Function:
     def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None):
         self.func = func
@@ -124,6 +131,7 @@ class Function:
         finally:
             if state.executor.recorder is not None:
                 await asyncio.to_thread(report_run, state.executor, failure)
+            await asyncio.to_thread(end_retention, state.executor)
         return state
 
     def run_batch(
@@ -217,6 +225,7 @@ def _finish(
             state.executor.settle()
     finally:
         report_run(state.executor, failure)
+        end_retention(state.executor)
     if streamed is not None:
         state.executor.sync_all()
         streamed.end(failure)

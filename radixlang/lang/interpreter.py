@@ -20,6 +20,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from radixlang.config import TOOL_CALL_RETAIN_S
 from radixlang.constrain.tool_calls import (
     CALL_START,
     call_grammar,
@@ -624,6 +625,8 @@ class StateExecutor:
             sampling["parallel_tool_calls"] = expr.parallel_tool_calls
             return
         self._show_tools(expr)
+        # The program will be back with this path and the tools' results: keep it cached.
+        sampling["retain_s"] = TOOL_CALL_RETAIN_S
         reply_schema = sampling.pop("json_schema", None)
         tools = [(t.name, t.parameters) for t in expr.tools]
         sampling["grammar"] = call_grammar(

@@ -30,6 +30,14 @@ from radixlang.runtime.request import (
 from radixlang.runtime.sampling import SamplingParams, SamplingParamsError
 
 
+def retain_seconds(value: Any) -> float:
+    """A request's ``retain_s``: seconds >= 0 (a RequestError otherwise)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not value >= 0 or value == float("inf"):
+        raise RequestError(f"retain_s must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
 def admit(
     engine: Any, request: GenerateRequest, salt: str
 ) -> tuple[Req, IncrementalDetokenizer | None]:
@@ -70,6 +78,8 @@ def admit(
         constraint=constraint,
         first_token_mask=first_token_mask,
         cache_salt=salt,
+        program=request.routing_key or rid,
+        retain_s=min(retain_seconds(request.retain_s), engine.config.retain_max_s),
     )
     if params.beam_width > 1:
         if constraint is not None:

@@ -288,7 +288,9 @@ class Engine:
         self.host_tier = (
             HostTier.from_budget(self.runner.kv, tier_bytes, self.cache_dir) if tier_bytes else None
         )
-        self.cache = RadixCache(self.pool, self.host_tier)
+        # Retained paths (programs paused at tool calls) may hold this share of the pool.
+        retained = int(config.retain_max_share * self.pool.num_blocks)
+        self.cache = RadixCache(self.pool, self.host_tier, max_retained_blocks=retained)
         if config.kv_events:
             self.cache.enable_kv_events()
         # On by default, on CPU too (default model, float32, batch 32, the JSON workload of
@@ -443,6 +445,10 @@ class Engine:
             raise
         return results[0] if single else results
 
+    def release_retained(self, program: str) -> None:
+        """End the retentions of ``program``'s paths (it ended: nothing will resume them)."""
+        self._call(lambda: self.cache.release(program))
+
     def abort(self, request_id: str) -> None:
         """Stop a request wherever it is; its blocks are released (a no-op once finished)."""
         self._inbox.append(("abort", request_id))
@@ -566,6 +572,8 @@ class Engine:
         s.update(self._masks.percentiles_ms())
         # The host tier: what it holds now, and its traffic since start ("_total").
         s.update(self.cache.tier_stats())
+        # Retention: the paths programs paused at tool calls keep, and what eviction took.
+        s.update(self.cache.retention_stats())
         # CPU threads of the forward passes now, and how often the governor changed them.
         s["cpu_threads"] = torch.get_num_threads()
         if self._governor is not None:

@@ -50,6 +50,7 @@ from radixlang.runtime.kv_events import (
     tree_block_hashes,
 )
 from radixlang.runtime.radix_node import CacheHandle, RadixNode, StaleHandleError
+from radixlang.runtime.radix_retention import RetentionMoves
 from radixlang.runtime.radix_tier import TierMoves, TierStore
 
 
@@ -106,15 +107,33 @@ def common_prefix_len(key: Sequence[int], tokens: Sequence[int], pos: int = 0) -
     return lo
 
 
+def _pop_live(
+    candidates: dict[RadixNode, int], heap: list[tuple[int, int, RadixNode]]
+) -> RadixNode | None:
+    """The least recently used live candidate of ``heap``, taken off it (None when empty);
+    stale entries (the node was touched, locked, extended or removed) are dropped."""
+    while heap:
+        stamp, _, node = heapq.heappop(heap)
+        if candidates.get(node) == stamp:
+            return node
+    return None
+
+
 def _as_token_list(tokens: Sequence[int]) -> list[int]:
     tolist = getattr(tokens, "tolist", None)  # torch tensors and numpy arrays
     return tolist() if tolist is not None else list(tokens)
 
 
-class RadixCache(TierMoves):
-    """Token-id radix tree over a :class:`BlockPool`, with LRU eviction of unlocked leaves."""
+class RadixCache(TierMoves, RetentionMoves):
+    """Token-id radix tree over a :class:`BlockPool`, with LRU eviction of unlocked leaves
+    (retained ones last: ``radix_retention.py``)."""
 
-    def __init__(self, pool: BlockPool, tier: TierStore | None = None) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        tier: TierStore | None = None,
+        max_retained_blocks: int | None = None,
+    ) -> None:
         if tier is not None and tier.pool.block_size != pool.block_size:
             raise ValueError("the host tier's blocks must be the size of the pool's")
         self.pool = pool
@@ -150,6 +169,7 @@ class RadixCache(TierMoves):
         self.tier_dropped_tokens_total = 0  # tiered tokens dropped for good (the tier was full)
         # What is stored and removed, block by block, for routers (``enable_kv_events``).
         self.kv_events: KvEventLog | None = None
+        self._init_retention(max_retained_blocks)
 
     def enable_kv_events(self, log: KvEventLog | None = None) -> KvEventLog:
         """Start emitting KV events (``runtime/kv_events.py``) into ``log`` (a new one if not
@@ -240,19 +260,23 @@ class RadixCache(TierMoves):
 
     def stats(self) -> dict[str, float | int]:
         queried = self.match_query_tokens
-        return {
-            "nodes": self._num_nodes,
-            "cached_tokens": self._cached_tokens,
-            "evictable_blocks": self._evictable_blocks,
-            "protected_blocks": self._protected_blocks,
-            "pool_free_blocks": self.pool.num_free,
-            "pool_total_blocks": self.pool.num_blocks,
-            "match_queries": self.match_queries,
-            "match_query_tokens": queried,
-            "match_hit_tokens": self.match_hit_tokens,
-            "hit_rate": self.match_hit_tokens / queried if queried else 0.0,
-            "evicted_blocks_total": self.evicted_blocks_total,
-        } | self.tier_stats()
+        return (
+            {
+                "nodes": self._num_nodes,
+                "cached_tokens": self._cached_tokens,
+                "evictable_blocks": self._evictable_blocks,
+                "protected_blocks": self._protected_blocks,
+                "pool_free_blocks": self.pool.num_free,
+                "pool_total_blocks": self.pool.num_blocks,
+                "match_queries": self.match_queries,
+                "match_query_tokens": queried,
+                "match_hit_tokens": self.match_hit_tokens,
+                "hit_rate": self.match_hit_tokens / queried if queried else 0.0,
+                "evicted_blocks_total": self.evicted_blocks_total,
+            }
+            | self.retention_stats()
+            | self.tier_stats()
+        )
 
     def tier_stats(self) -> dict[str, int]:
         """The host tier's occupancy and traffic (empty without a tier)."""
@@ -344,12 +368,19 @@ class RadixCache(TierMoves):
 
         Returns the block ids that became free (already back in the pool). Fewer are returned
         when nothing more is evictable; more when the last leaf held more than needed.
+        Retained leaves go only once no other leaf is left (demoted to the tier if there is
+        one): a paused program's path outlives others' but never blocks an allocation.
         """
+        self.expire_retentions()
+        self._bound_retention()
         freed: list[int] = []
-        while len(freed) < num_blocks and self._heap:
-            stamp, _, node = heapq.heappop(self._heap)
-            if self._candidates.get(node) != stamp:
-                continue  # a stale entry: the node was touched, locked, extended or removed
+        while len(freed) < num_blocks:
+            node = _pop_live(self._candidates, self._heap)
+            if node is None:  # no plain leaf left (evicting a retained one may make one)
+                node = _pop_live(self._retained_candidates, self._retained_heap)
+                if node is None:
+                    break
+                self.retained_evicted_blocks_total += len(node.blocks)
             freed.extend(self._evict_node(node))
         self.evicted_blocks_total += len(freed)
         return freed
@@ -399,6 +430,10 @@ class RadixCache(TierMoves):
         self._root_salts = {self.root: ""}
         self._candidates.clear()
         self._heap.clear()
+        self._retained_candidates.clear()
+        self._retained_heap.clear()
+        self._retained.clear()
+        self._deadlines.clear()
         self._tier_candidates.clear()
         self._tier_heap.clear()
         self._evictable_blocks = self._protected_blocks = 0
@@ -605,7 +640,10 @@ class RadixCache(TierMoves):
         if parent.parent is None:
             self._drop_root_if_empty(parent)
         self._candidates.pop(node, None)
+        self._retained_candidates.pop(node, None)
         node.evicted = True
+        if node.retained_until:
+            self._drop_retentions(node)
         self._evictable_blocks -= node.own_blocks
         self._num_nodes -= 1
         self._cached_tokens -= len(node.tokens)
@@ -619,10 +657,12 @@ class RadixCache(TierMoves):
         state: a device node with no device child, or a tiered node with no child at all."""
         if node.parent is None or node.evicted or node.lock_ref:
             self._candidates.pop(node, None)
+            self._retained_candidates.pop(node, None)
             self._tier_candidates.pop(node, None)
             return
         if node.tiered:
             self._candidates.pop(node, None)
+            self._retained_candidates.pop(node, None)
             if node.children:
                 self._tier_candidates.pop(node, None)
             else:
@@ -631,7 +671,12 @@ class RadixCache(TierMoves):
         children = node.children.values()
         if any(not c.tiered for c in children) if self.tier is not None else children:
             self._candidates.pop(node, None)
+            self._retained_candidates.pop(node, None)
+        elif node.retained_until:
+            self._candidates.pop(node, None)
+            self._push(node, self._retained_candidates, self._retained_heap)
         else:
+            self._retained_candidates.pop(node, None)
             self._push(node, self._candidates, self._heap)
 
     @staticmethod

@@ -28,6 +28,7 @@ def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) 
     tier_holders: dict[int, list[tuple[Any, int]]] = {}
     evictable = protected = nodes = tokens = tiered_tokens = 0
     candidates: dict[Any, int] = {}
+    retained_candidates: dict[Any, int] = {}
     tier_candidates: dict[Any, int] = {}
     _expect(cache._roots.get("") is cache.root, "the default salt's root is not the root")
     _expect(
@@ -85,7 +86,8 @@ def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) 
         else:
             evictable += own
             if not device_children:
-                candidates[node] = node.last_access
+                chosen = retained_candidates if node.retained_until else candidates
+                chosen[node] = node.last_access
         for j, b in enumerate(node.blocks):
             holders.setdefault(b, []).append((node, first + j))
     _expect(nodes == cache._num_nodes, f"node count {cache._num_nodes} != {nodes}")
@@ -101,6 +103,14 @@ def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) 
     live = {(stamp, node.id) for stamp, _, node in cache._heap}
     for node, stamp in candidates.items():
         _expect((stamp, node.id) in live, f"leaf {node.id} has no live heap entry")
+    _expect(retained_candidates == cache._retained_candidates, "retained leaves differ")
+    live = {(stamp, node.id) for stamp, _, node in cache._retained_heap}
+    for node, stamp in retained_candidates.items():
+        _expect((stamp, node.id) in live, f"retained leaf {node.id} has no live heap entry")
+    for key, paths in cache._retained.items():
+        for node in paths:
+            _expect(not node.evicted, f"key {key!r} retains node {node.id}, which left the tree")
+            _expect(node.retained_until >= paths[node], f"node {node.id}: deadline is off")
     for b, hs in (*holders.items(), *tier_holders.items()):
         if len(hs) > 1:  # one block, several nodes: an ancestor chain at one index
             _expect(len({i for _, i in hs}) == 1, f"block {b} held at two block indices")

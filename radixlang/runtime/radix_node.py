@@ -25,6 +25,7 @@ class RadixNode:
         "lock_ref",
         "own_blocks",
         "parent",
+        "retained_until",
         "start",
         "tokens",
     )
@@ -48,6 +49,8 @@ class RadixNode:
         self.hits = 0
         self.own_blocks = 0  # blocks not also held by the parent (counted for sizes)
         self.evicted = False
+        # Nonzero while a program retains this path (radix_retention.py): its latest deadline.
+        self.retained_until = 0.0
         # Tiered: the KV is in these host-tier blocks (by block index, like ``blocks``) and
         # ``blocks`` is empty.
         self.host_blocks: list[int] = []

@@ -14,7 +14,7 @@ eviction heaps as the tree's own operations do.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from radixlang.runtime.block_pool import BlockPool
@@ -42,6 +42,7 @@ class TierMoves:
     tier: TierStore | None
     pool: BlockPool
     block_size: int
+    _drop_retentions: Callable[[RadixNode], None]
 
     def _demote(self, node: RadixNode) -> list[int]:
         """Evict a device leaf into the tier (or drop it, with its tiered subtree, when the tier
@@ -159,6 +160,8 @@ class TierMoves:
             self._drop_root_if_empty(parent)
         self._tier_candidates.pop(node, None)
         node.evicted = True
+        if node.retained_until:  # a retained path the tier could not keep
+            self._drop_retentions(node)
         self._num_nodes -= 1
         self._tiered_tokens -= len(node.tokens)
         self.tier_dropped_tokens_total += len(node.tokens)

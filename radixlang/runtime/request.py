@@ -53,8 +53,12 @@ class GenerateRequest:
     # isolation: no time-to-first-token side channel across salts).
     cache_salt: str = ""
     # A router in front of several engines keeps requests with one key (a program's, a
-    # chat's) on one engine; an engine itself ignores it.
+    # chat's) on one engine. The engine takes it as the request's program: for retention and
+    # for the "program" schedule policy (the least served program first).
     routing_key: str | None = None
+    # Seconds to keep this request's path (prompt and output) cached once it ends, for its
+    # program's next call (a program paused at a tool call); 0: a plain LRU path.
+    retain_s: float = 0.0
 
 
 def as_request(
@@ -244,6 +248,10 @@ class Req:
     beam: BeamMembership | None = field(default=None, repr=False)
     # The radix cache's salt: this request matches and inserts only prefixes of this salt.
     cache_salt: str = ""
+    # Its program (GenerateRequest.routing_key; else its own id) and how long to retain its
+    # path when it ends (seconds, already cut to the engine's retain_max_s).
+    program: str = ""
+    retain_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.tokens:

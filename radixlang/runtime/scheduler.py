@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ MAX_LOGPROB_CHUNK = 512
 INITIAL_NEW_TOKEN_RATIO = 0.5
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
+# The "program" policy: a request waiting this long goes first whatever its program's service;
+# the service of this many programs is remembered (the least recently served forgotten first).
+STARVATION_S = 10.0
+MAX_PROGRAMS_SERVED = 8192
 
 
 class Preemption(enum.StrEnum):
@@ -61,6 +66,10 @@ class SchedulePolicy(enum.StrEnum):
     LPM = "lpm"  # longest cached prefix first
     DFS_WEIGHT = "dfs-weight"  # depth-first over the waiting prompts' trie, largest subtree first
     FCFS = "fcfs"  # arrival order
+    # The least attained service first (Autellix's PLAS): a program's requests so far count,
+    # so short agents are not stuck behind long ones; requests that waited STARVATION_S go
+    # first whatever their program.
+    PROGRAM = "program"
 
 
 @dataclass
@@ -142,6 +151,8 @@ class Scheduler:
         self.counters = SchedulerCounters()
         # The cache's eviction count at the last reset: stats count evictions from there.
         self._evicted_base = cache.evicted_blocks_total
+        # Tokens computed per program, least recently served first (the "program" policy).
+        self.service: dict[str, int] = {}
 
     # ---- queue ---------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -195,16 +206,23 @@ class Scheduler:
             counters.prompt_tokens_computed += max(0, min(end, prompt_len) - max(start, high))
         if end > high:
             req.high_water = end
+        self._serve(req, end - start)
         if (start < prompt_len or end - start > 1) and not _has_released(req):
             self._cache_progress(req)
         if self.sliding_window is not None:
             self._release_dead_blocks(req, self.sliding_window)
 
     def finish(self, req: Req, reason: FinishReason, cache_kv: bool = True) -> None:
-        """Release everything ``req`` holds; its computed KV stays in the cache."""
+        """Release everything ``req`` holds; its computed KV stays in the cache (retained
+        for its program's next call when it asked: ``retain_s``)."""
         if req.status is ReqStatus.RUNNING:
+            keep = req.retain_s > 0 and cache_kv and req.num_computed and not _has_released(req)
+            path = req.tokens[: req.num_computed] if keep else None
             self._release(req, cache_kv)
             self.running.remove(req)
+            if path is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+                handle = self.cache.handle_of(path, req.cache_salt)
+                self.cache.retain(handle, req.program, req.retain_s)
         elif req.status is ReqStatus.WAITING:
             self.waiting.remove(req)
         req.status = ReqStatus.FINISHED
@@ -462,6 +480,8 @@ class Scheduler:
         waiting = self.waiting
         if self.policy is SchedulePolicy.FCFS or len(waiting) > MAX_PREFIX_ORDERED:
             return sorted(waiting, key=lambda r: r.arrival)
+        if self.policy is SchedulePolicy.PROGRAM:
+            return self._least_served_first(waiting)
         if self.policy is SchedulePolicy.LPM:
             cached = {
                 id(r): self.cache.peek_prefix_len(r.tokens[: r.reuse_limit()], r.cache_salt)
@@ -469,6 +489,29 @@ class Scheduler:
             }
             return sorted(waiting, key=lambda r: (-cached[id(r)], r.arrival))
         return dfs_weight_order(waiting)
+
+    def _least_served_first(self, waiting: list[Req]) -> list[Req]:
+        """Requests that waited STARVATION_S first (oldest first), then by their program's
+        attained service (tokens computed for it so far), then longest cached prefix."""
+        now = time.perf_counter()
+        service = self.service
+
+        def order(r: Req) -> tuple[bool, float, int, float]:
+            starved = now - r.arrival > STARVATION_S
+            if starved:
+                return (False, 0.0, 0, r.arrival)
+            cached = self.cache.peek_prefix_len(r.tokens[: r.reuse_limit()], r.cache_salt)
+            return (True, service.get(r.program, 0), -cached, r.arrival)
+
+        return sorted(waiting, key=order)
+
+    def _serve(self, req: Req, tokens: int) -> None:
+        """Count ``tokens`` computed for ``req``'s program (its attained service)."""
+        service = self.service
+        service[req.program] = service.pop(req.program, 0) + tokens  # most recent last
+        if len(service) > MAX_PROGRAMS_SERVED:  # forget the programs not seen for longest
+            for key in list(service)[: len(service) // 2]:
+                del service[key]
 
     # ---- invariants ----------------------------------------------------------------------
     def external_refs(self) -> Counter[int]:

@@ -133,6 +133,8 @@ def cache_salt(request: Request, salt: str | None) -> str:
 # The header a client names a routing key with where its body has no field for it.
 ROUTING_KEY_HEADER = "x-routing-key"
 MAX_ROUTING_KEY_CHARS = 256
+# The longest retain_s a body may give (the engine cuts it further, to its retain_max_s).
+MAX_RETAIN_S = 3600.0
 
 
 def routing_key(request: Request, key: str | None) -> str | None:

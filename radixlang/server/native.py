@@ -45,6 +45,7 @@ from radixlang.runtime.sampling import STRUCTURED_OUTPUT
 from radixlang.server.api_schema import BODY_ERRORS
 from radixlang.server.common import (
     MAX_BODY_CACHE_SALT_CHARS,
+    MAX_RETAIN_S,
     MAX_ROUTING_KEY_CHARS,
     SSE_DONE,
     APIError,
@@ -133,6 +134,9 @@ class GenerateBody(BaseModel):
     cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     # Behind several replicas: requests with one key (a program's, a chat's) share a replica.
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
+    # Keep the request's path cached this long for its program's next call (its routing key):
+    # a program paused at a tool call. Cut to the engine's retain_max_s.
+    retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S, strict=False)
 
 
 def _is_off(value: Any) -> bool:
@@ -317,6 +321,7 @@ async def generate(
     for it in items:
         it.request.cache_salt = salt
         it.request.routing_key = key
+        it.request.retain_s = body.retain_s or 0.0
     prompt_field = "text" if body.text is not None else "input_ids"
     handles = await submit_all(
         engine,

@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixlang.config import TOOL_CALL_RETAIN_S
 from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
 from radixlang.runtime.request import (
     FinishReason,
@@ -40,6 +41,7 @@ from radixlang.server import tools as tooling
 from radixlang.server.api_schema import BODY_ERRORS
 from radixlang.server.common import (
     MAX_BODY_CACHE_SALT_CHARS,
+    MAX_RETAIN_S,
     MAX_ROUTING_KEY_CHARS,
     SSE_DONE,
     APIError,
@@ -102,6 +104,9 @@ class _Body(_SamplingBody):  # type: ignore[misc,valid-type]
     # vLLM-style extras
     cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
+    # radixlang's: keep the path cached this long for the caller's next call (a chat with
+    # tools does so by default: the client comes back with the tools' results).
+    retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S)
     response_format: dict[str, Any] | None = None
 
     def sampling(self, max_tokens: int | None, default_max: int) -> dict[str, Any]:
@@ -299,9 +304,13 @@ class OpenAIRoutes:
         aborted) if the client leaves first."""
         salt = cache_salt(request, body.cache_salt)
         key = routing_key(request, body.routing_key)
+        retain = body.retain_s
+        if retain is None and getattr(body, "tools", None):
+            retain = TOOL_CALL_RETAIN_S
         for r in requests:
             r.cache_salt = salt
             r.routing_key = key
+            r.retain_s = retain or 0.0
         handles = await submit_all(
             self.engine,
             requests,

@@ -47,6 +47,12 @@ CUMULATIVE = (
 STATE = (
     "running_requests",
     "waiting_requests",
+    # Retention (programs paused at tool calls): what is retained now, and since the start.
+    "retained_keys",
+    "retained_paths",
+    "retained_blocks",
+    "retained_total",
+    "retained_evicted_blocks_total",
     "blocks_total",
     "blocks_free",
     "blocks_used",

@@ -10,6 +10,7 @@ exact reference counts for the blocks that simulated requests hold.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 
 from hypothesis import settings
@@ -67,8 +68,16 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.touch(tokens[: m.length])
         return m
 
+    def retained_leaves(self) -> set[tuple[int, ...]]:
+        """The paths of the leaves a retention keeps (evicted only after every other)."""
+        return {path_of(node) for node in self.cache._retained_candidates}
+
+    def plain_leaves(self) -> set[tuple[int, ...]]:
+        return {path_of(node) for node in self.cache._candidates}
+
     def checked_evict(self, n: int) -> list[int]:
         before = set(self.prefixes)
+        retained_before, plain_before = self.retained_leaves(), self.plain_leaves()
         free_before = self.pool.num_free
         freed = self.cache.evict(n)
         assert len(set(freed)) == len(freed)
@@ -79,10 +88,13 @@ class RadixCacheMachine(RuleBasedStateMachine):
         locked = self.locked_paths()
         assert all(lp in after for lp in locked), "eviction removed a locked path"
         leaves = after - {q[:-1] for q in after if q} - {()}
-        unlocked_leaves = leaves - locked
+        unlocked_leaves = leaves - locked - self.retained_leaves()
         if len(freed) < n:
             assert not unlocked_leaves, "eviction stopped early with candidates left"
-        if removed and unlocked_leaves:
+            assert not self.retained_leaves(), "eviction stopped early with retained leaves left"
+        if removed & retained_before:  # a retained leaf went only once no plain one was left
+            assert plain_before <= removed, "evicted a retained leaf before a plain one"
+        elif removed and unlocked_leaves:
             newest_removed = max(self.access[p] for p in removed)
             oldest_kept = min(self.access[p] for p in unlocked_leaves)
             assert newest_removed <= oldest_kept, "evicted a leaf newer than one it kept"
@@ -153,6 +165,28 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def evict(self, n: int) -> None:
         self.checked_evict(n)
 
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 1000), key=st.sampled_from(["a", "b"]))
+    def retain(self, i: int, key: str) -> None:
+        """A program keeps a request's path for its next call (the request may still run)."""
+        served = self.requests[i % len(self.requests)]
+        if served.handle is None:
+            return
+        # Deadlines pass only in deadlines_pass (a real clock would end some mid-evict).
+        self.cache.retain(served.handle, key, 1000.0)
+        bound = self.cache.max_retained_blocks
+        assert bound is None or self.cache.retained_blocks() <= bound
+
+    @rule(key=st.sampled_from(["a", "b"]))
+    def release_key(self, key: str) -> None:
+        self.cache.release(key)
+        assert key not in self.cache._retained
+
+    @rule()
+    def deadlines_pass(self) -> None:
+        self.cache.expire_retentions(time.monotonic() + 2000)
+        assert not self.cache._retained and not self.cache._retained_candidates
+
     @rule()
     def flush(self) -> None:
         if self.locked_paths():
@@ -192,6 +226,22 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.pool.check_integrity({})
 
 
+def path_of(node) -> tuple[int, ...]:
+    tokens: list[int] = []
+    while node.parent is not None:
+        tokens[:0] = node.tokens
+        node = node.parent
+    return tuple(tokens)
+
+
+class RadixCacheRetentionBoundMachine(RadixCacheMachine):
+    """Retention bounded to a few blocks: newer retentions end the oldest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache.max_retained_blocks = 3
+
+
 class RadixCacheOddBlockMachine(RadixCacheMachine):
     block_size = 3
     num_blocks = 30
@@ -212,6 +262,8 @@ def steps(examples: int) -> settings:
 
 TestRadixCacheStateful = RadixCacheMachine.TestCase
 TestRadixCacheStateful.settings = steps(200)
+TestRadixCacheRetentionBound = RadixCacheRetentionBoundMachine.TestCase
+TestRadixCacheRetentionBound.settings = steps(100)
 TestRadixCacheOddBlocks = RadixCacheOddBlockMachine.TestCase
 TestRadixCacheOddBlocks.settings = steps(100)
 TestRadixCacheTokenBlocks = RadixCacheTokenBlockMachine.TestCase

@@ -12,6 +12,7 @@ inserted is ever lost: every inserted prefix stays matchable.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 
 from hypothesis import settings
@@ -114,6 +115,22 @@ class TierMachine(RuleBasedStateMachine):
         freed = self.cache.swap_out(tokens, served.salt)
         assert self.pool.num_free == free_before + len(freed)
         assert all(self.pool.refcount(b) == 0 for b in freed)
+
+    @precondition(lambda self: self.requests)
+    @rule(i=st.integers(0, 1000), key=st.sampled_from(["a", "b"]))
+    def retain(self, i: int, key: str) -> None:
+        """A paused program's path: demoted to the tier, not dropped, when it must go."""
+        served = self.requests[i % len(self.requests)]
+        if served.handle is not None:
+            self.cache.retain(served.handle, key, 1000.0)
+
+    @rule(key=st.sampled_from(["a", "b"]))
+    def release_key(self, key: str) -> None:
+        self.cache.release(key)
+
+    @rule()
+    def deadlines_pass(self) -> None:
+        self.cache.expire_retentions(time.monotonic() + 2000)
 
     @rule(n=st.integers(0, 12))
     def evict(self, n: int) -> None:

@@ -147,6 +147,11 @@ class Backend(ABC):
     def flush_cache(self) -> bool:
         return False
 
+    def release_program(self, key: str) -> None:  # noqa: B027
+        """The program with routing key ``key`` ended: the paths its calls asked the cache to
+        retain (``retain_s``, sent with a gen that may call tools) can go. Backends that cannot
+        say so leave them to their deadline."""
+
     def report_program(self, name: str, graph: dict[str, Any], status: str) -> None:  # noqa: B027
         """Hand a finished run's call graph (``run_graph.RunRecorder.to_dict``) to a viewer:
         the server's dashboard. Backends with no viewer ignore it."""

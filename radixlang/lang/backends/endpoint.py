@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 _SERVER = "the server"
 # Fields of a /generate request that SGLang takes beside sampling_params, not inside it.
-_TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+_TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+              "retain_s")  # fmt: skip
 # select scores the prompt's last few tokens too: where a choice's tokenization departs from
 # the prompt's is found among them (a boundary merge reaches back a token or two).
 _BOUNDARY_WINDOW = 4

@@ -8,6 +8,7 @@ makes the shared part free, so branches, turns and batch items never recompute a
 from __future__ import annotations
 
 import atexit
+import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from radixlang.lang.backends.base import Backend, usage_of
 from radixlang.lang.chat_template import ChatTemplate, from_tokenizer
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
 from radixlang.lang.interpreter import join_program_threads
+from radixlang.lang.routing import current_routing_key
 from radixlang.lang.run_options import runtime_made, with_runtime_defaults
 from radixlang.lang.streamed_runs import SHUTDOWN_ERRORS
 from radixlang.model_files import ModelFiles
@@ -56,6 +58,8 @@ class LocalBackend(Backend):
         self.report_programs = report_programs
         self.tokenizer = engine.tokenizer
         self.chat_template = from_tokenizer(engine.tokenizer, engine.files.name)
+        # The programs whose calls asked the engine to retain their paths (release_program).
+        self._retaining: set[str] = set()
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template
@@ -96,11 +100,23 @@ class LocalBackend(Backend):
         yield "", _meta_info(result)
 
     def _submit(self, prompt: str | list[int], sampling: dict[str, Any]) -> Any:
+        sampling = dict(sampling)
+        retain = sampling.pop("retain_s", 0.0)
+        key = current_routing_key()
+        if retain and key is not None:
+            self._retaining.add(key)
         if isinstance(prompt, str):
             request = GenerateRequest(text=prompt, sampling=sampling)
         else:
             request = GenerateRequest(input_ids=prompt, sampling=sampling)
+        request.routing_key, request.retain_s = key, retain
         return self.engine.submit(request)
+
+    def release_program(self, key: str) -> None:
+        if key in self._retaining:
+            self._retaining.discard(key)
+            with contextlib.suppress(Exception):  # an engine shut down has nothing to keep
+                self.engine.release_retained(key)
 
     def select(
         self,
