@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Node:
     id: int
-    kind: str  # text | role | gen | select | fork | join | call | return | argument | scope
+    kind: str  # text | role | gen | select | tool | fork | join | call | return | argument | scope
     label: str
     chain: int
 

@@ -266,6 +266,11 @@ class StateExecutor:
             )
         return parse_output(name, gen, value)
 
+    def calls_of(self, name: str | None) -> list[Any]:
+        """The tool calls gen ``name`` wrote (``ProgramState.tool_calls``)."""
+        self.get_var(name)
+        return list(self.tool_calls.get(name, []))
+
     def _value(self, name: str | None) -> Any:
         if name in self._failed:
             self._raise_error()

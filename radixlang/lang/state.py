@@ -65,8 +65,7 @@ class ProgramState:
         r"""The tool calls gen ``name`` wrote (``gen(name, tools=...)``), as
         :class:`~radixlang.lang.tools.ToolCall`\s (name, arguments, id), in order; empty when
         it answered in text. After a join, one list per fork."""
-        self.executor.get_var(name)
-        return list(self.executor.tool_calls.get(name, []))
+        return self.executor.calls_of(name)
 
     def tool_results(self, name: str) -> list[Any]:
         r"""What ``run_tools(name)`` gave, as :class:`~radixlang.lang.tools.ToolResult`\s

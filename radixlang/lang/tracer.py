@@ -34,6 +34,7 @@ from radixlang.lang.ir import (
     Gen,
     RoleBegin,
     RoleEnd,
+    RunTools,
     SamplingDefaults,
     Select,
     Text,
@@ -157,6 +158,14 @@ class TracingExecutor(StateExecutor):
             "values (run the program instead)"
         )
 
+    def calls_of(self, name: str | None) -> list[Any]:
+        self.get_var(name)
+        raise TracingError(
+            f"the program's Python reads the tool calls of {name!r} (s.tool_calls), which are "
+            "unknown when tracing: trace() and compile() need control flow that does not depend "
+            "on generated values (run the program instead: its run graph shows its tool calls)"
+        )
+
     def enter_call(self, name: str) -> None:
         self._node("call", name)
 
@@ -253,6 +262,11 @@ class TracingExecutor(StateExecutor):
         elif isinstance(expr, Variable):
             self._node("text", f"${expr.name}")
             self.text += _var_marker(self.chain, expr.name)
+        elif isinstance(expr, RunTools):  # the tool turns' text is known only when they run
+            node = self._node("tool", f"run_tools({expr.name})")
+            source = self.recording.var_nodes.get((self.chain, expr.name))
+            if source is not None:
+                self.recording.graph.add_edge(source, node.id, "data")
         else:
             raise TracingError(f"cannot trace {expr!r}")
 

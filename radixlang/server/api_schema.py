@@ -19,7 +19,11 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from radixlang.sampling_fields import SAMPLING_FIELDS, SamplingField
-from radixlang.server.common import MAX_BODY_CACHE_SALT_CHARS, MAX_ROUTING_KEY_CHARS
+from radixlang.server.common import (
+    MAX_BODY_CACHE_SALT_CHARS,
+    MAX_RETAIN_S,
+    MAX_ROUTING_KEY_CHARS,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -126,6 +130,15 @@ _GENERATE_BODY: dict[str, Any] = {
         "rid": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
         "cache_salt": _nullable({"type": "string", "maxLength": MAX_BODY_CACHE_SALT_CHARS}),
         "routing_key": _nullable({"type": "string", "maxLength": MAX_ROUTING_KEY_CHARS}),
+        "retain_s": _nullable(
+            {
+                "type": "number",
+                "minimum": 0,
+                "maximum": MAX_RETAIN_S,
+                "description": "keep the path cached this long for the "
+                "program's next call (its routing key)",
+            }
+        ),
     },
     "additionalProperties": True,
     # Exactly one of text and input_ids (null counts as absent).

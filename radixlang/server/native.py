@@ -136,7 +136,7 @@ class GenerateBody(BaseModel):
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
     # Keep the request's path cached this long for its program's next call (its routing key):
     # a program paused at a tool call. Cut to the engine's retain_max_s.
-    retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S, strict=False)
+    retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S)
 
 
 def _is_off(value: Any) -> bool:

@@ -169,3 +169,36 @@ def test_a_local_runtime_reports_to_the_engine_a_server_shares(tiny_runtime):
     program = tiny_runtime.engine.programs.programs()[-1]
     gens = [n for n in program["graph"]["nodes"] if n["kind"] == "gen"]
     assert len(gens) == 3 and all(n["cached_tokens"] > 0 for n in gens)  # the shared prefix
+
+
+def test_tool_calls_are_nodes_of_their_own_with_their_latency():
+    import time
+
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        time.sleep(0.05)
+        return f"{city}: sunny"
+
+    call = '<tool_call>[{"name": "lookup", "arguments": {"city": "Oslo"}}]</tool_call>'
+    backend = ReportingBackend(reply=lambda prompt, sampling: "done" if "sunny" in prompt else call)
+
+    @sgl.function
+    def agent(s):
+        s += sgl.user("Weather?")
+        s += sgl.assistant(sgl.gen("step", tools=[lookup]))
+        s += sgl.run_tools("step")
+        s += sgl.assistant(sgl.gen("answer"))
+
+    agent.run(backend=backend)
+    ((_, graph, status),) = backend.reports
+    assert status == "finished"
+    (tool,) = [n for n in graph["nodes"] if n["kind"] == "tool"]
+    assert tool["label"] == "lookup" and tool["latency_ms"] >= 50
+    gens = {n["label"]: n["id"] for n in graph["nodes"] if n["kind"] == "gen"}
+    assert gens["step [tools]"] < tool["id"] < gens["answer"]
+    # The trace of the same program draws the tool step too, fed by the gen's value.
+    traced = agent.trace(backend=FakeBackend())
+    (traced_tool,) = traced.nodes_of("tool")
+    assert traced_tool.label == "run_tools(step)"
+    step = next(n for n in traced.nodes_of("gen") if n.label.startswith("step"))
+    assert any(e.src == step.id and e.dst == traced_tool.id for e in traced.edges_of("data"))

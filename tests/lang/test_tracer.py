@@ -97,3 +97,21 @@ def test_compiled_program_checks_its_arguments():
         compiled.run()
     with pytest.raises(TypeError, match="no arguments"):
         compiled.run(topic="x", other=1)
+
+
+def test_tracing_a_program_that_reads_its_tool_calls_says_why_it_cannot():
+    from radixlang.lang.tracer import TracingError
+
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    @sgl.function
+    def agent(s):
+        s += sgl.user("2+2?")
+        s += sgl.assistant(sgl.gen("step", tools=[add]))
+        if s.tool_calls("step"):
+            s += sgl.run_tools("step")
+
+    with pytest.raises(TracingError, match=r"reads the tool calls of 'step' \(s.tool_calls\)"):
+        agent.trace(backend=FakeBackend())

@@ -328,3 +328,38 @@ def test_call_stream_deltas_add_up_and_auto_holds_back_the_marker():
 def test_nothing_leaked_and_the_engine_is_intact(client, engine):
     assert_no_leak(client)
     engine.check_integrity()
+
+
+# ---- retention: a client that will be back with its tools' results ---------------------------
+def _retained(engine) -> int:
+    return engine.stats()["retained_total"]
+
+
+def test_a_chat_with_tools_retains_its_path_and_retain_s_says_how_long(oai, model, engine):
+    before = _retained(engine)
+    oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                tools=TOOLS, tool_choice="required", max_tokens=40)  # fmt: skip
+    assert _retained(engine) == before + 1  # tools: kept for the client's next call by default
+    oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                max_tokens=4)  # fmt: skip
+    assert _retained(engine) == before + 1  # no tools, no retain_s: a plain path
+    oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                max_tokens=4, extra_body={"retain_s": 5})  # fmt: skip
+    assert _retained(engine) == before + 2
+    oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                tools=TOOLS, max_tokens=4, extra_body={"retain_s": 0})  # fmt: skip
+    assert _retained(engine) == before + 2  # 0: the client says it will not be back
+
+
+def test_generate_takes_retain_s_and_refuses_a_bad_one(client, engine):
+    before = _retained(engine)
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}, "retain_s": 10,
+            "routing_key": "agent-7"}  # fmt: skip
+    assert client.post("/generate", json=body).status_code == 200
+    assert _retained(engine) == before + 1
+    for bad in (-1, "10", 1e9):
+        response = client.post("/generate", json=body | {"retain_s": bad})
+        assert response.status_code == 400, response.text
+        assert "retain_s" in response.text
+    engine.release_retained("agent-7")
+    assert_no_leak(client)

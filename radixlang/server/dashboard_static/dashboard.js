@@ -903,12 +903,15 @@
     const tip = [kind + " #" + n.id, n.label || ""];
     if (n.prompt_tokens !== undefined) tip.push("cached " + (n.cached_tokens || 0) + "/" + n.prompt_tokens);
     if (n.completion_tokens !== undefined) tip.push("completion " + n.completion_tokens);
+    if (n.latency_ms !== undefined) tip.push("tools ran " + n.latency_ms + " ms");
     svg("title", null, g, tip.join("\n"));
     if (kind === "gen") {
       svg("rect", { x: p.x - hw, y: p.y - 17, width: PG.nodeW, height: 34, rx: 3, class: "shape" }, g);
     } else if (kind === "select") {
       svg("polygon", { points: [[p.x - hw, p.y], [p.x - hw + 14, p.y - 17], [p.x + hw - 14, p.y - 17],
         [p.x + hw, p.y], [p.x + hw - 14, p.y + 17], [p.x - hw + 14, p.y + 17]].join(" "), class: "shape" }, g);
+    } else if (kind === "tool") {  // a tool call: a hexagon-ish tab, with how long it ran
+      svg("rect", { x: p.x - hw + 4, y: p.y - 17, width: PG.nodeW - 8, height: 34, rx: 12, class: "shape" }, g);
     } else if (kind === "fork" || kind === "join") {
       const dy = kind === "fork" ? 1 : -1;  // fork points down (spreads), join points up (gathers)
       svg("polygon", { points: [[p.x - 40, p.y - 13 * dy], [p.x + 40, p.y - 13 * dy], [p.x, p.y + 13 * dy]].join(" "),
@@ -917,13 +920,17 @@
       svg("rect", { x: p.x - hw + 8, y: p.y - 10, width: PG.nodeW - 16, height: 20, rx: 10, class: "shape" }, g);
     }
     const small = kind === "fork" || kind === "join";
-    const labelY = kind === "gen" || kind === "select" ? p.y - 3 : p.y + 4;
+    const twoLines = kind === "gen" || kind === "select" || kind === "tool";
+    const labelY = twoLines ? p.y - 3 : p.y + 4;
     svg("text", { x: small ? p.x + 44 : p.x, y: labelY, class: "label", "text-anchor": small ? "start" : "middle" }, g,
       truncate(oneLine(small ? kind : n.label || kind), 24));
     if (kind === "gen" || kind === "select") {
       let hits = n.prompt_tokens !== undefined ? "cached " + (n.cached_tokens || 0) + "/" + n.prompt_tokens : "";
       if (n.completion_tokens !== undefined) hits += (hits ? " · " : "") + "+" + n.completion_tokens + " tok";
       svg("text", { x: p.x, y: p.y + 11, class: "hits", "text-anchor": "middle" }, g, hits || kind);
+    } else if (kind === "tool") {
+      const ran = n.latency_ms !== undefined ? n.latency_ms + " ms" : "tool";
+      svg("text", { x: p.x, y: p.y + 11, class: "hits", "text-anchor": "middle" }, g, ran);
     }
   }
 
