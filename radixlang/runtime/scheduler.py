@@ -221,8 +221,12 @@ class Scheduler:
             self._release(req, cache_kv)
             self.running.remove(req)
             if path is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
-                handle = self.cache.handle_of(path, req.cache_salt)
-                self.cache.retain(handle, req.program, req.retain_s)
+                try:
+                    handle = self.cache.handle_of(path, req.cache_salt)
+                except KeyError:  # not all of it was cached: nothing whole to keep
+                    handle = None
+                if handle is not None:
+                    self.cache.retain(handle, req.program, req.retain_s)
         elif req.status is ReqStatus.WAITING:
             self.waiting.remove(req)
         req.status = ReqStatus.FINISHED
