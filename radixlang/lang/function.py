@@ -30,9 +30,8 @@ if TYPE_CHECKING:
 
 
 def end_retention(executor: StateExecutor) -> None:
-    """The run is over: the paths its tool calls kept cached for it can go (once every state
-    of the run has settled)."""
-    executor.sync_all()
+    """The run is over (settled, or failed): the paths its tool calls kept cached for it can
+    go. Never waits: a failed run's states may still be stopping."""
     executor.backend.release_program(executor.routing_key)
 
 
@@ -225,9 +224,11 @@ def _finish(
             state.executor.settle()
     finally:
         report_run(state.executor, failure)
-        end_retention(state.executor)
+        if wait:
+            end_retention(state.executor)
     if streamed is not None:
         state.executor.sync_all()
+        end_retention(state.executor)
         streamed.end(failure)
     return state
 
