@@ -295,7 +295,13 @@ class StateExecutor:
                 child.recorder, child.chain = self.recorder, self.recorder.new_chain()
             children.append(child)
         self.children.extend(children)
-        self.submit(_ForkPoint(children))
+        try:
+            self.submit(_ForkPoint(children))
+        except BaseException as e:  # this state failed meanwhile: so do the branches
+            for child in children:
+                child._fail(e)
+                child._resume()
+            raise
         return children
 
     def _inherit(self, parent: StateExecutor) -> None:
