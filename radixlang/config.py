@@ -322,7 +322,8 @@ ENGINE_SETTINGS = (
             "output row; CPUs)"),
     Setting("engine", "host_tier_memory", SIZE, None,
             "a second tier for evicted prefixes' KV, e.g. 4GiB (off by default): pinned host "
-            "memory for a GPU pool, a memory-mapped file under cache_dir for a CPU pool"),
+            "memory for a GPU pool; host memory for a CPU pool, or a memory-mapped file under "
+            "cache_dir when over half the available memory"),
     Setting("engine", "preemption", _choice_kind(PREEMPTIONS), None,
             "a retracted request's KV: swap (to the host tier, loaded back; the default with "
             "one) or recompute (left in the device cache; the default without)"),
