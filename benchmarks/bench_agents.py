@@ -298,13 +298,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--agents", type=int, default=24)
+    p.add_argument("--agents", type=int, default=32)
     p.add_argument("--min-steps", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=8)
+    p.add_argument("--max-steps", type=int, default=12)
     p.add_argument("--system-tokens", type=int, default=300)
     p.add_argument("--task-tokens", type=int, default=40)
     p.add_argument("--step-tokens", type=int, default=16)
-    p.add_argument("--tool-max-tokens", type=int, default=200)
+    p.add_argument("--tool-max-tokens", type=int, default=400)
     p.add_argument("--tool-median-s", type=float, default=0.3)
     p.add_argument("--tool-sigma", type=float, default=1.0)
     p.add_argument("--tool-max-s", type=float, default=3.0)
