@@ -23,7 +23,8 @@ prompt once). Configurations, each on a fresh engine of the default model:
 - ``retain+tier+program``: the same, with the "program" schedule policy (least attained
   service first, as Autellix).
 - ``llama-server`` (when built: ``bash benchmarks/setup_llama_cpp.sh``): the same traces as
-  concurrent ``/completion`` calls with the prompt cache on, 8 slots of 2048 tokens.
+  concurrent ``/completion`` calls with the prompt cache on, 8 slots each as long as the
+  longest agent's path (at least 2048 tokens).
 
 Reported per run: job completion time (an agent's first call to its last answer: mean, p50,
 p99), prompt tokens computed (and recomputed after retractions) against the optimum (the
@@ -222,7 +223,10 @@ def run_llama_server(server: Path, gguf: Path, system: list[int], agents: list[A
 
     counts = {"computed": 0, "cached": 0}
     lock = threading.Lock()
-    with llama_cpp.LlamaServer(server, gguf) as srv:
+    # Each slot holds the longest agent's whole path (its last prompt and answer).
+    longest = max(working_set_tokens(system, [a], args.step_tokens) for a in agents)
+    ctx = max(llama_cpp.CTX_PER_SLOT, -(-longest // 256) * 256)
+    with llama_cpp.LlamaServer(server, gguf, ctx_per_slot=ctx) as srv:
         client = httpx.Client(base_url=srv.url, timeout=600.0, trust_env=False,
                               limits=httpx.Limits(max_connections=len(agents)))  # fmt: skip
 

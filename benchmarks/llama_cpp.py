@@ -140,9 +140,14 @@ def free_port() -> int:
 
 
 def server_command(
-    binary: Path, gguf: Path, port: int | str, threads: int = THREADS, slots: int = SLOTS
+    binary: Path,
+    gguf: Path,
+    port: int | str,
+    threads: int = THREADS,
+    slots: int = SLOTS,
+    ctx_per_slot: int = CTX_PER_SLOT,
 ) -> list[str]:
-    """llama-server on ``gguf``: ``slots`` parallel sequences of CTX_PER_SLOT tokens each,
+    """llama-server on ``gguf``: ``slots`` parallel sequences of ``ctx_per_slot`` tokens each,
     continuous batching, the prompt cache on (``cache_prompt`` per request)."""
     return [
         str(binary),
@@ -152,7 +157,7 @@ def server_command(
         "-t", str(threads),
         "-tb", str(threads),
         "-np", str(slots),
-        "-c", str(slots * CTX_PER_SLOT),
+        "-c", str(slots * ctx_per_slot),
         "--cont-batching",
         "--no-webui",
     ]  # fmt: skip
@@ -164,10 +169,15 @@ class LlamaServer:
     to a temporary file, whose tail a failure quotes."""
 
     def __init__(
-        self, binary: Path, gguf: Path, threads: int = THREADS, startup_timeout: float = 180.0
+        self,
+        binary: Path,
+        gguf: Path,
+        threads: int = THREADS,
+        startup_timeout: float = 180.0,
+        ctx_per_slot: int = CTX_PER_SLOT,
     ) -> None:
         self.port = free_port()
-        self.command = server_command(binary, gguf, self.port, threads)
+        self.command = server_command(binary, gguf, self.port, threads, ctx_per_slot=ctx_per_slot)
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
