@@ -278,6 +278,105 @@ _CHAT_DELTA = _object(
 )
 
 
+# ---- the Responses API (server/responses.py) ----------------------------------------------
+_ARRAY = {"type": "array"}
+_OUTPUT_TEXT = _object(
+    {"type": {"const": "output_text"}, "text": _STR, "annotations": _ARRAY, "logprobs": _ARRAY}
+)
+_ITEM_STATUS = {"enum": ["in_progress", "completed", "incomplete"]}
+_OUTPUT_ITEM = {
+    "anyOf": [
+        _object({"type": {"const": "message"}, "id": _STR, "status": _ITEM_STATUS,
+                 "role": {"const": "assistant"},
+                 "content": {"type": "array", "items": _OUTPUT_TEXT}}),
+        _object({"type": {"const": "function_call"}, "id": _STR, "call_id": _STR, "name": _STR,
+                 "arguments": _STR, "status": _ITEM_STATUS}),
+    ]
+}  # fmt: skip
+_RESPONSE_USAGE = _object(
+    {
+        "input_tokens": _INT,
+        "input_tokens_details": _object({"cached_tokens": _INT}),
+        "output_tokens": _INT,
+        "output_tokens_details": _object({"reasoning_tokens": _INT}),
+        "total_tokens": _INT,
+    }
+)
+_RESPONSE = _object(
+    {
+        "id": _STR,
+        "object": {"const": "response"},
+        "created_at": _INT,
+        "status": {"enum": ["in_progress", "completed", "incomplete", "failed", "cancelled"]},
+        "background": _BOOL,
+        "error": _nullable(_object({"code": _STR, "message": _STR})),
+        "incomplete_details": _nullable(_object({"reason": _STR})),
+        "instructions": _nullable(_STR),
+        "max_output_tokens": _nullable(_INT),
+        "max_tool_calls": {"type": "null"},
+        "model": _STR,
+        "output": {"type": "array", "items": _OUTPUT_ITEM},
+        "parallel_tool_calls": _BOOL,
+        "previous_response_id": _nullable(_STR),
+        "reasoning": _OPEN_OBJECT,
+        "service_tier": _STR,
+        "store": _BOOL,
+        "temperature": _NUM,
+        "text": _OPEN_OBJECT,
+        "tool_choice": {},
+        "tools": {"type": "array", "items": _OPEN_OBJECT},
+        "top_logprobs": _INT,
+        "top_p": _NUM,
+        "truncation": {"enum": ["auto", "disabled"]},
+        "usage": _nullable(_RESPONSE_USAGE),
+        "user": _nullable(_STR),
+        "metadata": {"type": "object", "additionalProperties": _STR},
+    }
+)
+
+
+# ---- Anthropic's Messages API (server/messages.py) -------------------------------------------
+_CONTENT_BLOCK = {
+    "anyOf": [
+        _object({"type": {"const": "text"}, "text": _STR}),
+        _object({"type": {"const": "tool_use"}, "id": _STR, "name": _STR, "input": _OPEN_OBJECT}),
+    ]
+}
+_MESSAGE = _object(
+    {
+        "id": _STR,
+        "type": {"const": "message"},
+        "role": {"const": "assistant"},
+        "model": _STR,
+        "content": {"type": "array", "items": _CONTENT_BLOCK},
+        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+        "stop_sequence": _nullable(_STR),
+        "usage": _object(
+            {
+                "input_tokens": _INT,
+                "output_tokens": _INT,
+                "cache_read_input_tokens": _INT,
+                "cache_creation_input_tokens": _INT,
+            }
+        ),
+    }
+)
+
+
+def typed_events(event: str, error: str = "OpenAIError") -> dict[str, Any]:
+    """One server-sent event of a typed stream (the Responses and Messages APIs'): an
+    ``event:`` line naming its type, and ``data``: JSON, an ``event`` component (each type's
+    fields beside ``type``) or an ``error`` component. No ``[DONE]``: the last event's type
+    ends it."""
+    data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [ref(event), ref(error)]},
+    }
+    props = {"event": _STR, "data": data}
+    return {"type": "object", "properties": props, "required": ["data"]}
+
+
 def _response(kind: str, choice: dict[str, Any], usage: bool = True) -> dict[str, Any]:
     props = {
         "id": _STR,
@@ -478,13 +577,23 @@ _RESPONSES: dict[str, dict[str, Any]] = {
     "ProgramId": _object({"id": _INT}),
     "TokenizeResult": _object({"tokens": _INTS, "count": _INT, "max_model_len": _INT}),
     "DetokenizeResult": _object({"text": _STR}),
+    "Response": _RESPONSE,
+    "ResponseStreamEvent": _object({"type": _STR, "sequence_number": _INT}, open_=True),
+    "AnthropicError": _object(
+        {"type": {"const": "error"}, "error": _object({"type": _STR, "message": _STR})}
+    ),
+    "Message": _MESSAGE,
+    "MessageStreamEvent": _object({"type": _STR}, open_=True),
+    "ResponseDeleted": _object(
+        {"id": _STR, "object": {"const": "response.deleted"}, "deleted": _BOOL}
+    ),
 }
 
 _STATUS_TEXT = {
     400: "The request is malformed or refused; the error names the field (param).",
-    401: "A valid API key is required (Authorization: Bearer <key>).",
+    401: "A valid API key is required (Authorization: Bearer <key>, or x-api-key: <key>).",
     403: "A tenant's key: the dashboard's API needs the server's --api-key.",
-    404: "The model does not exist.",
+    404: "The model (or the stored response) does not exist.",
     413: "The body is over the size limit.",
     415: "The body is not application/json.",
     500: "The server failed (a bug, or the engine failed the request).",
@@ -540,6 +649,7 @@ def route_docs(
     body: str | None = None,
     errors: tuple[int, ...] = (),
     openai: bool = False,
+    anthropic: bool = False,
     stream: str | None = None,
     auth: bool = False,
     text: bool = False,
@@ -548,7 +658,8 @@ def route_docs(
 ) -> dict[str, Any]:
     """``responses`` and ``openapi_extra`` for a route: its 200 (component ``ok``, or plain text),
     ``body`` (a component, as application/json), ``errors`` (statuses; 500 always, 401 with
-    ``auth``) in the native or OpenAI shape, a ``stream`` (the component of each event)."""
+    ``auth``) in the native, OpenAI or Anthropic shape, a ``stream`` (the component of each
+    event)."""
     content: dict[str, Any] = {}
     if text:
         content["text/plain"] = {"schema": _STR}
@@ -558,7 +669,8 @@ def route_docs(
         content["text/event-stream"] = {"itemSchema": _event(stream, openai)}
     if events is not None:  # a stream of another shape (``snapshot_events``)
         content["text/event-stream"] = {"itemSchema": events}
-    error = {"content": {"application/json": {"schema": ref("OpenAIError" if openai else "Error")}}}
+    shape = "AnthropicError" if anthropic else "OpenAIError" if openai else "Error"
+    error = {"content": {"application/json": {"schema": ref(shape)}}}
     codes = sorted({*errors, 500, *((401,) if auth else ())})
     responses: dict[int | str, Any] = {200: {"description": "Success", "content": content}}
     for code in codes:

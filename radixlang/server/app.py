@@ -47,12 +47,21 @@ from starlette.responses import JSONResponse
 
 from radixlang.config import load_api_keys
 from radixlang.runtime.engine import Engine
-from radixlang.server import cache_routes, metrics, native, openai, status_routes, token_routes
+from radixlang.server import (
+    cache_routes,
+    messages,
+    metrics,
+    native,
+    openai,
+    responses,
+    status_routes,
+    token_routes,
+)
 from radixlang.server.api_schema import components, route_docs
 from radixlang.server.common import (
     APIError,
     TokenTexts,
-    is_openai_path,
+    error_response,
 )
 from radixlang.server.dashboard import Dashboard, ProgramReport, add_routes
 from radixlang.server.openai import ChatBody, CompletionBody
@@ -61,7 +70,8 @@ from radixlang.version import __version__
 log = logging.getLogger(__name__)
 
 # Routes counted by name in /metrics; any other path is counted as "other".
-_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+           "/v1/messages", "/v1/models", "/health",
            "/health_generate", "/get_model_info", "/get_server_info", "/server_info",
            "/flush_cache", "/metrics", "/abort_request", "/concate_and_append_request",
            "/tokenize", "/detokenize", "/memory", "/dashboard", "/dashboard/api/snapshot",
@@ -72,9 +82,10 @@ _ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models",
 class _RequireKey:
     """With ``--api-key`` or ``--api-keys-file``: every route but /health, /metrics and the
     dashboard's page (static code, no data) needs ``Authorization: Bearer <key>`` (what SGLang's
-    and OpenAI's clients send). With a keys file the key's tenant goes into the request's state
-    (``tenant``), which salts its cache use. The dashboard's API shows every tenant's prompts,
-    so a tenant's key gets a 403 there: only the operator's ``--api-key`` opens it."""
+    and OpenAI's clients send) or ``x-api-key: <key>`` (what Anthropic's send). With a keys
+    file the key's tenant goes into the request's state (``tenant``), which salts its cache use
+    and owns its stored responses. The dashboard's API shows every tenant's prompts, so a
+    tenant's key gets a 403 there: only the operator's ``--api-key`` opens it."""
 
     OPEN = ("/health", "/metrics", "/dashboard")
     OPEN_PREFIX = "/dashboard/static/"
@@ -84,28 +95,31 @@ class _RequireKey:
         self, app: Any, api_key: str | None = None, tenants: Mapping[str, str] | None = None
     ) -> None:
         self.app = app
-        self.keys: list[tuple[bytes, str | None]] = []
+        self.keys: list[tuple[bytes, bytes, str | None]] = []  # the header, the key, its tenant
         if api_key:
-            self.keys.append((f"Bearer {api_key}".encode(), None))
+            self.keys.append((f"Bearer {api_key}".encode(), api_key.encode(), None))
         for key, tenant in (tenants or {}).items():
-            self.keys.append((f"Bearer {key}".encode(), tenant))
+            self.keys.append((f"Bearer {key}".encode(), key.encode(), tenant))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
         if path and path not in self.OPEN and not path.startswith(self.OPEN_PREFIX):
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            given_key = headers.get(b"x-api-key", b"")  # Anthropic's clients send the key so
             # Every key is compared, in constant time, whatever matched before: how long the
             # check takes says nothing about which key (or how much of one) was right.
             found, tenant = False, None
-            for expected, name in self.keys:
-                if hmac.compare_digest(given, expected) and not found:
+            for expected, key, name in self.keys:
+                match = hmac.compare_digest(given, expected) | hmac.compare_digest(given_key, key)
+                if match and not found:
                     found, tenant = True, name
             if found and tenant is not None:
                 scope["state"] = {**scope.get("state", {}), "tenant": tenant}
             if not found:
                 error = APIError(401, "a valid API key is required: Authorization: Bearer <key>",
                                  kind="authentication_error", code="invalid_api_key")  # fmt: skip
-                await error.response(is_openai_path(scope["path"]))(scope, receive, send)
+                await error_response(error, scope["path"])(scope, receive, send)
                 return
             if tenant is not None and path.startswith(self.OPERATOR_ONLY):
                 error = APIError(403, "the dashboard shows every tenant's requests: it needs the "
@@ -172,7 +186,7 @@ class _InternalErrors:
                 raise
             log.exception("request to %s failed", scope["path"])
             error = APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
-            await error.response(is_openai_path(scope["path"]))(scope, receive, send)
+            await error_response(error, scope["path"])(scope, receive, send)
 
 
 def create_app(
@@ -233,25 +247,27 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
-        return e.response(is_openai_path(request.url.path))
+        return error_response(e, request.url.path)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         error = APIError(e.status_code, str(e.detail), kind="invalid_request_error")
-        return error.response(is_openai_path(request.url.path))
+        return error_response(error, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        error = APIError(400, str(e.errors()[0].get("msg", e)))
-        return error.response(is_openai_path(request.url.path))
+        first = e.errors()[0]
+        where = [str(part) for part in first.get("loc", ())[1:]]  # ("path", "response_id")
+        param = ".".join(where) or None
+        message = str(first.get("msg", e))
+        error = APIError(400, f"{param}: {message}" if param else message, param=param)
+        return error_response(error, request.url.path)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception) -> JSONResponse:
         log.exception("request to %s failed", request.url.path)
         message = f"internal error: {type(e).__name__}: {e}"
-        return APIError(500, message, kind="server_error").response(
-            is_openai_path(request.url.path)
-        )
+        return error_response(APIError(500, message, kind="server_error"), request.url.path)
 
     # The routes, each module's on its own router; the OpenAPI schema (/openapi.json) gives
     # every route's body, answers and errors (api_schema), with a 401 where keys are needed.
@@ -259,7 +275,10 @@ def create_app(
         return route_docs(ok, auth=auth, **kw)
 
     app.include_router(native.router(engine, texts, docs, max_queued_requests))
-    app.include_router(openai.router(engine, model_name, texts, docs, max_queued_requests))
+    chat = openai.OpenAIRoutes(engine, model_name, texts, max_queued_requests=max_queued_requests)
+    app.include_router(openai.router(engine, model_name, texts, docs, max_queued_requests, chat))
+    app.include_router(responses.router(chat, docs))
+    app.include_router(messages.router(chat, docs))
     app.include_router(status_routes.router(engine, model_name, counters, docs))
     app.include_router(cache_routes.router(engine, docs))
     app.include_router(token_routes.router(engine, model_name, docs))
@@ -268,6 +287,8 @@ def create_app(
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             bodies = [("CompletionBody", CompletionBody), ("ChatBody", ChatBody),
+                      ("ResponsesBody", responses.ResponsesBody),
+                      ("MessagesBody", messages.MessagesBody),
                       *token_routes.BODIES, ("ProgramReport", ProgramReport)]  # fmt: skip
             found = schema.setdefault("components", {})
             found.setdefault("schemas", {}).update(components(bodies))

@@ -76,7 +76,40 @@ class APIError(Exception):
 
 def is_openai_path(path: str) -> bool:
     """Whether ``path`` is one of the OpenAI API's (its errors take OpenAI's ``code``)."""
-    return path.startswith("/v1/")
+    return path.startswith("/v1/") and not is_anthropic_path(path)
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether ``path`` is Anthropic's Messages API (its errors take Anthropic's shape)."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# Anthropic's error types, by HTTP status.
+_ANTHROPIC_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    kind = _ANTHROPIC_ERROR_TYPES.get(status, default)
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_response(error: APIError, path: str) -> JSONResponse:
+    """``error`` answered in the shape of ``path``'s API: Anthropic's, OpenAI's or the native
+    routes' (SGLang's)."""
+    if is_anthropic_path(path):
+        body = anthropic_error(error.status, error.message)
+        return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return error.response(is_openai_path(path))
 
 
 async def read_body(request: Request, model: type[M]) -> M:

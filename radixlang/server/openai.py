@@ -193,11 +193,14 @@ def router(
     texts: TokenTexts,
     docs: Callable[..., dict[str, Any]],
     max_queued_requests: int | None = None,
+    openai: OpenAIRoutes | None = None,
 ) -> APIRouter:
-    """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` over ``engine``;
-    ``docs(ok, **kw)`` gives a route's OpenAPI answers (here in OpenAI's error shape); past
-    ``max_queued_requests`` queued requests a body is refused with a 503."""
-    openai = OpenAIRoutes(engine, model_name, texts, max_queued_requests=max_queued_requests)
+    """``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` over ``engine`` (through
+    ``openai``, when the Responses and Messages routes share it); ``docs(ok, **kw)`` gives a
+    route's OpenAPI answers (here in OpenAI's error shape); past ``max_queued_requests`` queued
+    requests a body is refused with a 503."""
+    if openai is None:
+        openai = OpenAIRoutes(engine, model_name, texts, max_queued_requests=max_queued_requests)
     errors = (*BODY_ERRORS, 404, 503)
     routes = APIRouter()
     # The two generating routes: path, handler, answer (its stream events are "<answer>Chunk"),
@@ -302,23 +305,7 @@ class OpenAIRoutes:
         if the body asks for a stream, else one ``kind`` object (``text_completion``,
         ``chat.completion``) with the ``choices`` made of the results; a 499 (and the requests
         aborted) if the client leaves first."""
-        salt = cache_salt(request, body.cache_salt)
-        key = routing_key(request, body.routing_key)
-        retain = body.retain_s
-        if retain is None and getattr(body, "tools", None):
-            retain = TOOL_CALL_RETAIN_S
-        for r in requests:
-            r.cache_salt = salt
-            r.routing_key = key
-            r.retain_s = retain or 0.0
-        handles = await submit_all(
-            self.engine,
-            requests,
-            where,
-            prompt_field,
-            self.max_queued_requests,
-            sampling_path=lambda i, field: _sampling_path(field, body),
-        )
+        handles = await self.submit(request, body, requests, where, prompt_field)
         rid, created = f"{_ID_PREFIX[kind]}-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             events = stream(handles, rid, created)
@@ -329,6 +316,35 @@ class OpenAIRoutes:
         return JSONResponse({"id": rid, "object": kind, "created": created,
                              "model": self.model_name, "choices": choices(results),
                              "usage": _usage(results, body.n)})  # fmt: skip
+
+    async def submit(
+        self,
+        request: Request,
+        body: _Body,
+        requests: Sequence[GenerateRequest],
+        where: Sequence[str | None],
+        prompt_field: str,
+    ) -> list[Any]:
+        """Submit ``requests`` (all or none) with the body's cache salt, routing key and
+        retention (a call with tools retains its path by default: the client comes back with
+        the tools' results); their handles."""
+        salt = cache_salt(request, body.cache_salt)
+        key = routing_key(request, body.routing_key)
+        retain = body.retain_s
+        if retain is None and getattr(body, "tools", None):
+            retain = TOOL_CALL_RETAIN_S
+        for r in requests:
+            r.cache_salt = salt
+            r.routing_key = key
+            r.retain_s = retain or 0.0
+        return await submit_all(
+            self.engine,
+            requests,
+            where,
+            prompt_field,
+            self.max_queued_requests,
+            sampling_path=lambda i, field: _sampling_path(field, body),
+        )
 
     def _prompt_text(self, prompt: str | list[int]) -> str:
         if isinstance(prompt, str):
@@ -383,6 +399,33 @@ class OpenAIRoutes:
     # ---- /v1/chat/completions ----------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
         body = await read_body(request, ChatBody)
+        requests, choice = await self.chat_requests(body)
+
+        def stream(handles: Sequence[Any], rid: str, created: int) -> AsyncIterator[str]:
+            return self._stream_chat(handles, body, rid, created, choice)
+
+        def choices(results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+            out = []
+            for i, result in enumerate(results):
+                logprobs = None
+                if body.logprobs:
+                    pairs = zip(result.output_ids, result.output_logprobs, strict=False)
+                    logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
+                message, finish = _chat_message(result, choice)
+                out.append({"index": i, "message": message, "logprobs": logprobs,
+                            "finish_reason": finish})  # fmt: skip
+            return out
+
+        return await self._respond(
+            request, body, requests, [None] * body.n, "messages", "chat.completion", stream, choices
+        )
+
+    async def chat_requests(
+        self, body: ChatBody
+    ) -> tuple[list[GenerateRequest], tooling.ToolChoice]:
+        """A chat body's requests (``n`` of them: the prompt the chat template renders, the
+        sampling, the tools' grammar) and its tool choice; a 4xx naming what is wrong. The
+        Responses and Messages routes reach the engine through here too."""
         self.check_model(body.model)
         tools = tooling.parse_tools(body.tools)
         choice = tooling.parse_tool_choice(body.tool_choice, tools)
@@ -404,29 +447,10 @@ class OpenAIRoutes:
             )
         if body.logprobs:
             sampling.update(return_logprob=True, top_logprobs_num=body.top_logprobs or 0)
-        ids = await run_in_threadpool(self._chat_prompt, body, choice)
+        ids = await run_in_threadpool(self._chat_prompt, body, choice, tools)
         if limit is None:  # what is left of the context window
             sampling["max_new_tokens"] = max(self.engine.max_context - len(ids), 1)
-        requests = [_request(ids, sampling, j) for j in range(body.n)]
-
-        def stream(handles: Sequence[Any], rid: str, created: int) -> AsyncIterator[str]:
-            return self._stream_chat(handles, body, rid, created, choice)
-
-        def choices(results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
-            out = []
-            for i, result in enumerate(results):
-                logprobs = None
-                if body.logprobs:
-                    pairs = zip(result.output_ids, result.output_logprobs, strict=False)
-                    logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
-                message, finish = _chat_message(result, choice)
-                out.append({"index": i, "message": message, "logprobs": logprobs,
-                            "finish_reason": finish})  # fmt: skip
-            return out
-
-        return await self._respond(
-            request, body, requests, [None] * body.n, "messages", "chat.completion", stream, choices
-        )
+        return [_request(ids, sampling, j) for j in range(body.n)], choice
 
     def template_shows_tools(self) -> bool:
         """Whether the chat template writes the ``tools`` it is given into the prompt (if not,
@@ -447,7 +471,9 @@ class OpenAIRoutes:
                 self._template_shows_tools = False
         return self._template_shows_tools
 
-    def _chat_prompt(self, body: ChatBody, choice: tooling.ToolChoice) -> list[int]:
+    def _chat_prompt(
+        self, body: ChatBody, choice: tooling.ToolChoice, tools: Sequence[tooling.Tool] = ()
+    ) -> list[int]:
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, f"model {self.model_name} has no chat template", param="messages")
@@ -460,11 +486,15 @@ class OpenAIRoutes:
                 "continue_final_message needs an assistant message last",
                 param="continue_final_message",
             )
+        # Every tool, described as for "auto" whatever the choice (the grammar holds the output
+        # to the choice): the prompt's prefix then stays the same from turn to turn of a
+        # conversation whose tool_choice changes, and the cache keeps serving it.
+        shown = tooling.ToolChoice("auto", tuple(tools) or choice.tools)
         extra: dict[str, Any] = {}
         if choice.calls and native:
-            extra["tools"] = [t.spec for t in choice.tools]
+            extra["tools"] = [t.spec for t in shown.tools]
         elif choice.calls:
-            messages = _with_system_text(messages, tooling.tools_prompt(choice))
+            messages = _with_system_text(messages, tooling.tools_prompt(shown))
 
         def render(messages: list[dict[str, Any]]) -> str:
             return tokenizer.apply_chat_template(

@@ -48,11 +48,15 @@ CHECKS = [
 # or missing count becomes SMALL; a smaller, negative or ill-typed one is sent as generated.
 SMALL = 4
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-_GENERATING = ("/generate", "/v1/completions", "/v1/chat/completions")
+_GENERATING = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+               "/v1/messages")  # fmt: skip
+# Streams of typed events (``event:`` and ``data:`` lines, no ``[DONE]``).
+_TYPED_STREAMS = ("/v1/responses", "/v1/messages")
 # Streams with no end, one event per interval (a whole fuzz run would be hours of waiting):
 # tests/server/test_dashboard.py reads them and checks each event against the same schema.
 ENDLESS = ("/dashboard/api/events",)
-_COUNTS = ("max_new_tokens", "max_tokens", "max_completion_tokens", "n", "beam_width", "best_of")
+_COUNTS = ("max_new_tokens", "max_tokens", "max_completion_tokens", "max_output_tokens", "n",
+           "beam_width", "best_of")  # fmt: skip
 
 
 def _keep_small(body: Any, path: str) -> None:
@@ -75,6 +79,8 @@ def _keep_small(body: Any, path: str) -> None:
         body.setdefault("max_tokens", SMALL)  # else: the rest of the context window
         if body["max_tokens"] is None:
             body["max_tokens"] = SMALL
+    elif path == "/v1/responses" and body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = SMALL
 
 
 def _nudge(body: Any, path: str, data: st.DataObject) -> None:
@@ -90,8 +96,13 @@ def _nudge(body: Any, path: str, data: st.DataObject) -> None:
         keep = {"model", "prompt", "text", "input_ids"}
         for key in [k for k in body if k not in keep]:
             del body[key]
-        if path == "/v1/chat/completions":
+        if path in ("/v1/chat/completions", "/v1/messages"):
             body["messages"] = [{"role": "user", "content": "Hi"}]
+        if path == "/v1/messages":
+            body["max_tokens"] = SMALL
+        if path == "/v1/responses":
+            body["input"] = "Hi"
+            body.pop("text", None)
     if path.startswith("/v1/"):
         body["model"] = "default"
     elif path == "/generate":
@@ -103,12 +114,20 @@ def _nudge(body: Any, path: str, data: st.DataObject) -> None:
     body["stream"] = data.draw(st.booleans(), label="stream")
 
 
-def _stream_is_framed(response: Any) -> None:
+def _stream_is_framed(response: Any, path: str) -> None:
     """A stream is ``data:`` events (schemathesis checks each against the media type's
     ``itemSchema``), the last ``[DONE]``, unless schemathesis stopped reading (it reads at
     most 20 events, then hangs up: the server must then abort the requests and free their
-    blocks, which the last test checks)."""
+    blocks, which the last test checks). The Responses and Messages APIs' streams are typed
+    events instead (``event:`` then ``data:``), their last one's type ending them."""
     events = [e for e in response.text.split("\n\n") if e]
+    if path in _TYPED_STREAMS:
+        assert all(e.startswith("event: ") and "\ndata: " in e for e in events), response.text[:300]
+        last = ("event: response.completed", "event: response.incomplete", "event: message_stop",
+                "event: error")  # fmt: skip
+        if not response.stream_cut_short:
+            assert events and events[-1].startswith(last), response.text[-300:]
+        return
     assert all(e.startswith("data: ") for e in events), response.text[:300]
     if not response.stream_cut_short:
         assert events and events[-1] == "data: [DONE]", response.text[-300:]
@@ -183,7 +202,7 @@ def _fuzz(operation: Any, mode: GenerationMode, session: requests.Session, seen:
         if response.status_code == 200 and ctype.startswith("text/event-stream"):
             seen["streams"] += 1
             seen["streams cut short"] += response.stream_cut_short
-            _stream_is_framed(response)
+            _stream_is_framed(response, operation.path)
 
     run()
 
