@@ -475,6 +475,7 @@ _RESPONSES: dict[str, dict[str, Any]] = {
             "max_batch_tokens": _INT,
             "max_running_requests": _INT,
             "schedule_policy": _STR,
+            "chat_template": _object({"append_only": _nullable(_BOOL), "detail": _STR}),
             # The engine's counters (Engine.stats()): names to numbers.
             "stats": {"type": "object", "additionalProperties": _NUM},
         }

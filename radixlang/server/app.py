@@ -65,6 +65,7 @@ from radixlang.server.common import (
 )
 from radixlang.server.dashboard import Dashboard, ProgramReport, add_routes
 from radixlang.server.openai import ChatBody, CompletionBody
+from radixlang.server.template_check import check_template
 from radixlang.version import __version__
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,14 @@ def create_app(
     app.include_router(openai.router(engine, model_name, texts, docs, max_queued_requests, chat))
     app.include_router(responses.router(chat, docs))
     app.include_router(messages.router(chat, docs))
-    app.include_router(status_routes.router(engine, model_name, counters, docs))
+    template = check_template(engine.tokenizer)
+    if template.append_only is False:
+        log.warning(
+            "the chat template is not append-only: a conversation's next turn does not extend "
+            "its last prompt, so the cache computes it again from where they differ (%s)",
+            template.detail,
+        )
+    app.include_router(status_routes.router(engine, model_name, counters, docs, template))
     app.include_router(cache_routes.router(engine, docs))
     app.include_router(token_routes.router(engine, model_name, docs))
 

@@ -15,6 +15,7 @@ from radixlang.runtime.request import FinishReason, GenerateRequest
 from radixlang.server import metrics
 from radixlang.server.api_schema import route_docs
 from radixlang.server.common import APIError, submit_all
+from radixlang.server.template_check import TemplateCheck, check_template
 from radixlang.version import __version__
 
 
@@ -23,10 +24,13 @@ def router(
     model_name: str,
     counters: metrics.HTTPCounters,
     docs: Callable[..., dict[str, Any]],
+    template: TemplateCheck | None = None,
 ) -> APIRouter:
     """The routes over ``engine``; ``docs(ok, **kw)`` gives a keyed route's OpenAPI answers
-    (``/health`` and ``/metrics`` are open: their docs name no 401)."""
+    (``/health`` and ``/metrics`` are open: their docs name no 401); ``template`` is the chat
+    template's check (made here if not given)."""
     routes = APIRouter()
+    template = template or check_template(engine.tokenizer)
 
     @routes.get("/health", **route_docs("Status", errors=(503,)))  # open: no key needed
     async def health() -> JSONResponse:
@@ -78,6 +82,9 @@ def router(
                 "max_batch_tokens": sched.max_batch_tokens,
                 "max_running_requests": sched.max_running_requests,
                 "schedule_policy": sched.policy.value,
+                # Whether a conversation's next turn extends its last prompt (see
+                # template_check.py): if not, the cache loses it from where they differ.
+                "chat_template": template.as_json(),
                 "stats": stats,
             }
         )
