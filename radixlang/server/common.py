@@ -79,6 +79,14 @@ def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/") and not is_anthropic_path(path)
 
 
+def string_field(item: dict[str, Any], key: str, where: str) -> str:
+    """``item[key]``, which must be a string; a 400 naming ``where.key`` otherwise."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise APIError(400, f"{where}.{key} must be a string", param=f"{where}.{key}")
+    return value
+
+
 def is_anthropic_path(path: str) -> bool:
     """Whether ``path`` is Anthropic's Messages API (its errors take Anthropic's shape)."""
     return path == "/v1/messages" or path.startswith("/v1/messages/")

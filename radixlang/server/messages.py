@@ -46,6 +46,7 @@ from radixlang.server.common import (
     parse_body,
     read_body,
     results_unless_disconnected,
+    string_field,
 )
 from radixlang.server.openai import ChatBody, OpenAIRoutes
 
@@ -185,21 +186,21 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         here = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(_string(block, "text", here))
+            texts.append(string_field(block, "text", here))
         elif kind == "tool_use" and role == "assistant":
             arguments = block.get("input", {})
             if not isinstance(arguments, dict):
                 raise APIError(400, f"{here}.input must be an object", param=f"{here}.input")
-            calls.append({"id": _string(block, "id", here), "type": "function",
-                          "function": {"name": _string(block, "name", here),
+            calls.append({"id": string_field(block, "id", here), "type": "function",
+                          "function": {"name": string_field(block, "name", here),
                                        "arguments": json.dumps(arguments)}})  # fmt: skip
         elif kind == "tool_result" and role == "user":
             result = block.get("content", "")
             text = result if isinstance(result, str) else _text_blocks(result, f"{here}.content")
             if block.get("is_error"):
                 text = f"Error: {text}"
-            results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", here),
-                            "content": text})  # fmt: skip
+            call_id = string_field(block, "tool_use_id", here)
+            results.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # earlier thinking is not shown again
         else:
@@ -216,13 +217,6 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _string(block: dict[str, Any], key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise APIError(400, f"{where}.{key} must be a string", param=f"{where}.{key}")
-    return value
-
-
 def _text_blocks(blocks: Any, where: str) -> str:
     if not isinstance(blocks, list):
         raise APIError(400, f"{where} must be a string or a list of text blocks", param=where)
@@ -233,7 +227,7 @@ def _text_blocks(blocks: Any, where: str) -> str:
             kind = block.get("type") if isinstance(block, dict) else None
             raise APIError(400, f"{here}: {kind!r} blocks are not supported here; only text",
                            param=f"{here}.type")  # fmt: skip
-        texts.append(_string(block, "text", here))
+        texts.append(string_field(block, "text", here))
     return "".join(texts)
 
 

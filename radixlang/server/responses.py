@@ -44,6 +44,7 @@ from radixlang.server.common import (
     parse_body,
     read_body,
     results_unless_disconnected,
+    string_field,
 )
 from radixlang.server.openai import ChatBody, OpenAIRoutes
 from radixlang.server.response_store import ResponseStore, StoredResponse
@@ -240,9 +241,9 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             role = "system" if role == "developer" else role
             out.append({"role": role, "content": _content_text(item.get("content"), where)})
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", where), "type": "function",
-                    "function": {"name": _string(item, "name", where),
-                                 "arguments": _string(item, "arguments", where)}}  # fmt: skip
+            call = {"id": string_field(item, "call_id", where), "type": "function",
+                    "function": {"name": string_field(item, "name", where),
+                                 "arguments": string_field(item, "arguments", where)}}  # fmt: skip
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
@@ -251,7 +252,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _content_text(output, where)
-            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
+            out.append({"role": "tool", "tool_call_id": string_field(item, "call_id", where),
                         "content": text})  # fmt: skip
         elif kind == "reasoning":
             continue
@@ -259,13 +260,6 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise APIError(400, f"{where}: {kind!r} items are not supported by this server",
                            param=f"{where}.type")  # fmt: skip
     return out
-
-
-def _string(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise APIError(400, f"{where}.{key} must be a string", param=f"{where}.{key}")
-    return value
 
 
 def _content_text(content: Any, where: str) -> str:

@@ -30,3 +30,17 @@ def server(engine):
 def client(server):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture()
+def oai(server):
+    """The official ``openai`` client, pointed at the server."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture()
+def model(engine):
+    """The name the server serves its model as."""
+    return engine.files.name

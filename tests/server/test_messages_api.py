@@ -31,11 +31,6 @@ def claude(server):
     return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
 
 
-@pytest.fixture()
-def model(engine):
-    return engine.files.name
-
-
 def test_a_plain_message_is_one_text_block_with_usage(claude, model, engine):
     m = claude.messages.create(model=model, max_tokens=8, messages=HELLO, **GREEDY)
     assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
@@ -50,12 +45,12 @@ def test_a_plain_message_is_one_text_block_with_usage(claude, model, engine):
     assert again.usage.cache_read_input_tokens >= len(prompt) - 1  # the prompt is cached now
 
 
-def test_system_and_blocks_render_as_the_chat_route_renders_them(claude, oai_model_client, model):
+def test_system_and_blocks_render_as_the_chat_route_renders_them(claude, oai, model):
     m = claude.messages.create(
         model=model, max_tokens=6, **GREEDY, system=[{"type": "text", "text": "Be brief."}],
         messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"}]}],
     )  # fmt: skip
-    chat = oai_model_client.chat.completions.create(
+    chat = oai.chat.completions.create(
         model=model, temperature=0, max_tokens=6,
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
     )  # fmt: skip
@@ -175,10 +170,3 @@ def test_x_api_key_is_accepted_where_keys_are_required(engine):
 def test_nothing_leaked_and_the_engine_is_intact(client, engine):
     assert_no_leak(client)
     engine.check_integrity()
-
-
-@pytest.fixture()
-def oai_model_client(server):
-    import openai
-
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -7,16 +7,6 @@ import pytest
 from server_checks import assert_no_leak, fresh_cache
 
 
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture()
-def model(engine):
-    return engine.files.name
-
-
 def test_models(oai, model, engine):
     (card,) = oai.models.list().data
     assert card.id == model and card.owned_by == "radixlang"

@@ -29,16 +29,6 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLeng
           "required": ["answer", "score"]}  # fmt: skip
 
 
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture()
-def model(engine):
-    return engine.files.name
-
-
 def test_a_plain_response_has_one_message_and_usage(oai, model):
     r = oai.responses.create(model=model, input="Say hi.", max_output_tokens=8, temperature=0)
     assert isinstance(r, Response) and r.id.startswith("resp_")

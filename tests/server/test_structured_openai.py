@@ -29,16 +29,6 @@ SHAPE = {
 MESSAGES = [{"role": "user", "content": "Describe a pet as JSON."}]
 
 
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture()
-def model(engine):
-    return engine.files.name
-
-
 def test_parse_returns_the_pydantic_model(oai, model):
     for seed in range(2):
         out = oai.chat.completions.parse(model=model, messages=MESSAGES, response_format=Pet,

@@ -28,16 +28,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture()
-def model(engine):
-    return engine.files.name
-
-
 def _check_calls(message, names=tuple(SCHEMAS)) -> list:
     assert message.content is None and message.tool_calls
     for call in message.tool_calls:
