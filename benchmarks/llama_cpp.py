@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -163,10 +164,17 @@ def server_command(
     ]  # fmt: skip
 
 
+# llama.cpp's weight repacking (the CPU's extra buffer types) crashes this build on the Q4_1
+# GGUF on some CPUs (a segfault at model load, seen on a Xeon with AMX); without it the server
+# runs, more slowly. A server killed by a signal while starting is started once more so.
+NO_REPACK = "--no-repack"
+
+
 class LlamaServer:
     """A llama-server subprocess for the length of a ``with`` block: started on a free port,
     waited for until ``/health`` answers, stopped (terminate, then kill) on exit. Its log goes
-    to a temporary file, whose tail a failure quotes."""
+    to a temporary file, whose tail a failure quotes. One that a signal kills while starting is
+    started again without weight repacking (``NO_REPACK``; ``command`` then says so)."""
 
     def __init__(
         self,
@@ -195,7 +203,13 @@ class LlamaServer:
         try:
             self._wait_healthy(self.proc)
         except BaseException:
+            crashed = self.proc is not None and (self.proc.poll() or 0) < 0
             self.stop()
+            if crashed and NO_REPACK not in self.command:
+                print(f"llama-server crashed while starting; again with {NO_REPACK}:\n"
+                      f"{self.log_tail(400)}", file=sys.stderr)  # fmt: skip
+                self.command = [*self.command, NO_REPACK]
+                return self.start()
             raise
         return self
 
