@@ -169,6 +169,11 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     SamplingField("early_stopping", "bool", False,
                   "beam search: stop once beam_width sequences are finished",
                   gen="early_stopping", omit_unset=True, openai="early_stopping"),
+    SamplingField("thinking_budget", "int", -1,
+                  "reasoning models: at most this many thinking tokens, then </think> is "
+                  "written and the answer follows (-1: no limit)", minimum=-1,
+                  rule=">= -1 (-1: no limit)", gen="thinking_budget", omit_unset=True,
+                  openai="thinking_budget"),
 )  # fmt: skip
 FIELDS_BY_NAME = {f.name: f for f in SAMPLING_FIELDS}
 # The structured-output fields, each a kind radixlang.constrain compiles.

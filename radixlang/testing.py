@@ -30,10 +30,12 @@ def write_tiny_chat_model(
     max_positions: int = 1024,
     weight_std: float = 0.5,
     seed: int = 0,
+    extra_tokens: int = 0,
 ) -> Path:
     """Write a random llama (``layers`` x ``hidden_size``, 4 query and 2 KV heads) with the
     default model's vocabulary, tokenizer and chat template into ``folder``. Weights are drawn
-    from N(0, ``weight_std``): wide enough that sampling wanders over the whole vocabulary."""
+    from N(0, ``weight_std``): wide enough that sampling wanders over the whole vocabulary.
+    ``extra_tokens``: room for that many tokens added to the tokenizer after it."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -41,7 +43,7 @@ def write_tiny_chat_model(
     default = load_model_files(DEFAULT_MODEL)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=default.config.vocab_size,
+        vocab_size=default.config.vocab_size + extra_tokens,
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 3 // 2,
         num_hidden_layers=layers,
@@ -60,6 +62,30 @@ def write_tiny_chat_model(
     for name in TOKENIZER_FILES:
         if (default.path / name).exists():
             shutil.copy(default.path / name, folder / name)
+    return folder
+
+
+# A Qwen3-style thinking template over ChatML: the model opens <think> itself; an earlier
+# answer keeps its thinking (so the template stays append-only).
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
+
+def write_tiny_thinking_model(folder: str | Path, **kwargs: Any) -> Path:
+    """:func:`write_tiny_chat_model` with ``<think>`` and ``</think>`` added to the tokenizer as
+    single tokens and a thinking chat template (``THINKING_TEMPLATE``): a reasoning model's
+    shape, for tests of reasoning separation, constraints after thinking and budgets."""
+    from transformers import AutoTokenizer
+
+    folder = write_tiny_chat_model(folder, extra_tokens=2, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = THINKING_TEMPLATE
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tokenizer.save_pretrained(folder)
     return folder
 
 

@@ -61,6 +61,7 @@ def gen(
     beam_width: int | None = None,
     length_penalty: float | None = None,
     early_stopping: bool | None = None,
+    thinking_budget: int | None = None,
     tools: Sequence[Any] | None = None,
     tool_choice: Any = None,
     parallel_tool_calls: bool = True,
@@ -79,6 +80,10 @@ def gen(
     returns the best, as transformers' ``num_beams``; ``length_penalty`` (default 1.0) divides
     a finished beam's summed log-probabilities by its length to that power, and
     ``early_stopping=True`` stops once k beams are finished.
+
+    Reasoning models (a tokenizer with ``<think>`` / ``</think>`` tokens that its chat template
+    writes): structured output holds the answer after the thinking, and ``thinking_budget=n``
+    writes ``</think>`` after n thinking tokens, so the answer always comes.
 
     Tools: ``tools=[...]`` (Python functions, sync or async, whose signature and docstring
     make the tool's schema; pydantic model classes; :class:`~radixlang.lang.tools.Tool` objects,
@@ -139,7 +144,7 @@ def gen(
         from radixlang.constrain.dtypes import dtype_regex
 
         dtype_regex(dtype)  # unknown dtypes fail here, where the program names them
-    values = {f.name: given[f.gen] for f in PROGRAM_FIELDS if given[f.gen] is not None}
+    values = {f.name: given[f.gen] for f in PROGRAM_FIELDS if given.get(f.gen) is not None}
     for key, value in values.items():
         if not FIELDS_BY_NAME[key].gen_checks:
             continue

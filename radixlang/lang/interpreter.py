@@ -21,6 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from radixlang.config import TOOL_CALL_RETAIN_S
+from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
+from radixlang.constrain.reasoning import OPEN as THINK_OPEN
+from radixlang.constrain.reasoning import split_reasoning
 from radixlang.constrain.tool_calls import (
     CALL_START,
     call_grammar,
@@ -596,12 +599,15 @@ class StateExecutor:
             with ThreadPoolExecutor(expr.n) as pool:
                 calls = [pool.submit(in_scope(generate), prompt, sampling) for _ in range(expr.n)]
                 outs = [call.result() for call in calls]
+            opened = self._thinking_open()
             self.text += outs[0][0]
-            self._set_var(expr.name, [t for t, _ in outs], [m for _, m in outs])
+            answers = [self._answer(t, m, opened) for t, m in outs]
+            self._set_var(expr.name, answers, [m for _, m in outs])
         elif self.stream and not (chat and expr.calls_tools):  # a chat's calls come whole
             chunks: list[tuple[str, dict[str, Any]]] = []
             tracker = StreamMeta()
             meta: dict[str, Any] = {}
+            opened = self._thinking_open()
             with self._cond:
                 self.stream_chunks[expr.name] = chunks
                 self.variables[expr.name] = ""
@@ -612,13 +618,33 @@ class StateExecutor:
                     self.variables[expr.name] += piece
                     chunks.append((piece, chunk_meta))
                     self._cond.notify_all()
-            self._take_calls(expr, self.variables[expr.name], meta)
-            self._set_var(expr.name, self.variables[expr.name], tracker.final(meta))
+            final = tracker.final(meta)
+            answer = self._answer(self.variables[expr.name], final, opened)
+            self._take_calls(expr, answer, meta)
+            self._set_var(expr.name, answer, final)
         else:
+            opened = self._thinking_open()
             text, meta = generate(prompt, sampling)
-            text = self._take_calls(expr, text, meta)
+            answer = self._answer(text, meta, opened)
+            if answer != text:  # the thinking stays in the text; the calls are the answer's
+                self._take_calls(expr, answer, meta)
+            else:
+                text = answer = self._take_calls(expr, text, meta)
             self.text += text
-            self._set_var(expr.name, text, meta)
+            self._set_var(expr.name, answer, meta)
+
+    def _thinking_open(self) -> bool:
+        """Whether the text so far ends inside a thinking block (the template opened it)."""
+        return self.backend.thinks and self.text.rfind(THINK_OPEN) > self.text.rfind(THINK_CLOSE)
+
+    def _answer(self, text: str, meta: dict[str, Any], opened: bool) -> str:
+        """A gen's answer: on a reasoning model, the text after its thinking, the thinking
+        going into ``meta["reasoning"]`` (None when it did not think)."""
+        if not self.backend.thinks:
+            return text
+        reasoning, answer = split_reasoning(text, opened)
+        meta["reasoning"] = reasoning
+        return answer
 
     # ---- tools -------------------------------------------------------------------------------
     def _offer_tools(self, expr: Gen, sampling: dict[str, Any], chat: bool) -> None:

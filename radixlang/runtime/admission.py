@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from radixlang.constrain import ConstraintError, compile_grammar, token_vocabulary
+from radixlang.constrain.reasoning import opened_in_prompt
+from radixlang.constrain.thinking_first import ThinkingFirst
 from radixlang.runtime.beam_search import BeamGroup, BeamSearchError
 from radixlang.runtime.block_pool import blocks_for
 from radixlang.runtime.constraint import TokenConstraint
@@ -55,7 +57,7 @@ def admit(
     given = request.sampling
     unset = given is None or (isinstance(given, Mapping) and "max_new_tokens" not in given)
     check_fits(engine, prompt_ids, params, cut_to_fit=unset or engine.allow_auto_truncate)
-    constraint = request_constraint(engine, request, params)
+    constraint = request_constraint(engine, request, params, prompt_ids)
     healed, first_token_mask = "", None
     if params.token_healing and constraint is None and request.text is not None:
         healed, first_token_mask = token_healing(engine, prompt_ids)
@@ -119,11 +121,30 @@ def sampling_params(sampling: SamplingParams | dict | None) -> SamplingParams:
 
 
 def request_constraint(
-    engine: Any, request: GenerateRequest, params: SamplingParams
+    engine: Any, request: GenerateRequest, params: SamplingParams, prompt_ids: list[int]
 ) -> TokenConstraint | None:
     """The request's constraint: its own, or one compiled from the sampling parameters'
     regex, json_schema, ebnf or grammar (compiled on the caller's thread, not the engine's).
-    """
+    On a reasoning model it holds the answer only, after the thinking (``ThinkingFirst``),
+    which ``thinking_budget`` bounds."""
+    constraint = _answer_constraint(engine, request, params)
+    markers = getattr(engine, "reasoning_markers", None)
+    budget = params.thinking_budget if params.thinking_budget >= 0 else None
+    if markers is None:
+        if budget is not None:
+            raise RequestError(f"thinking_budget: model {engine.files.name} does not think "
+                               "(no <think> and </think> tokens in its chat template)")  # fmt: skip
+        return constraint
+    if constraint is None and budget is None:
+        return None
+    opened = opened_in_prompt(prompt_ids, markers)
+    vocab = engine.runner.vocab_size
+    return ThinkingFirst(constraint, markers, vocab, engine.eos_token_ids, budget, opened)
+
+
+def _answer_constraint(
+    engine: Any, request: GenerateRequest, params: SamplingParams
+) -> TokenConstraint | None:
     if request.constraint is not None:
         if params.structured_output is not None:
             kind = params.structured_output[0]

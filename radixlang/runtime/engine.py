@@ -33,6 +33,7 @@ from radixlang.config import (  # parse_memory: re-exported, its old home
     did_you_mean,
     parse_memory,
 )
+from radixlang.constrain.reasoning import reasoning_markers
 from radixlang.model_files import ModelFiles
 from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
@@ -283,6 +284,8 @@ class Engine:
         self.files = self.runner.files
         self.tokenizer = _load_tokenizer(self.files)
         self.eos_token_ids = admission.eos_token_ids(self.files, self.tokenizer)
+        # A reasoning model's <think> / </think> ids: constraints then hold only the answer.
+        self.reasoning_markers = reasoning_markers(self.tokenizer)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, copy_hook=self._copy_block)
         tier_bytes = parse_memory(config.host_tier_memory)
         self.host_tier = (

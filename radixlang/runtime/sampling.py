@@ -105,6 +105,7 @@ class _SamplingParamsChecks:
                 "presence_penalty",
                 "logit_bias",
                 "token_healing",
+                "thinking_budget",
                 *STRUCTURED_OUTPUT,
             )
             if getattr(self, name) != FIELDS_BY_NAME[name].default

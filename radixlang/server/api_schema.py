@@ -254,6 +254,7 @@ _CHAT_MESSAGE = _object(
     {
         "role": {"const": "assistant"},
         "content": _nullable(_STR),
+        "reasoning_content": _STR,  # a reasoning model's thinking
         "tool_calls": {"type": "array", "items": _TOOL_CALL},
     },
     required=["role", "content"],
@@ -272,6 +273,7 @@ _CHAT_DELTA = _object(
     {
         "role": {"const": "assistant"},
         "content": _nullable(_STR),
+        "reasoning_content": _STR,
         "tool_calls": {"type": "array", "items": _TOOL_CALL_DELTA},
     },
     required=[],

@@ -30,6 +30,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.config import TOOL_CALL_RETAIN_S
 from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
+from radixlang.constrain.reasoning import (
+    ReasoningMarkers,
+    ReasoningSplitter,
+    opened_in_prompt,
+    split_reasoning,
+)
 from radixlang.runtime.request import (
     FinishReason,
     GenerateRequest,
@@ -235,6 +241,11 @@ class OpenAIRoutes:
         self.created = int(time.time())
         self._template_shows_tools: bool | None = None
 
+    @property
+    def reasoning_markers(self) -> ReasoningMarkers | None:
+        """The model's thinking markers, if it is a reasoning model (its answers are split)."""
+        return getattr(self.engine, "reasoning_markers", None)
+
     def check_model(self, model: str) -> None:
         if model not in (self.model_name, "default"):
             raise APIError(
@@ -400,9 +411,11 @@ class OpenAIRoutes:
     async def chat(self, request: Request) -> Response:
         body = await read_body(request, ChatBody)
         requests, choice = await self.chat_requests(body)
+        markers = self.reasoning_markers
+        opened = markers is not None and opened_in_prompt(requests[0].input_ids or [], markers)
 
         def stream(handles: Sequence[Any], rid: str, created: int) -> AsyncIterator[str]:
-            return self._stream_chat(handles, body, rid, created, choice)
+            return self._stream_chat(handles, body, rid, created, choice, opened)
 
         def choices(results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
             out = []
@@ -411,7 +424,7 @@ class OpenAIRoutes:
                 if body.logprobs:
                     pairs = zip(result.output_ids, result.output_logprobs, strict=False)
                     logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
-                message, finish = _chat_message(result, choice)
+                message, finish = _chat_message(result, choice, markers is not None, opened)
                 out.append({"index": i, "message": message, "logprobs": logprobs,
                             "finish_reason": finish})  # fmt: skip
             return out
@@ -540,6 +553,7 @@ class OpenAIRoutes:
         rid: str,
         created: int,
         choice: tooling.ToolChoice,
+        opened: bool = False,
     ) -> AsyncIterator[str]:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created,
                 "model": self.model_name}  # fmt: skip
@@ -547,21 +561,30 @@ class OpenAIRoutes:
             tooling.CallStream(may_call=choice.calls, must_call=choice.mode == "required")
             for _ in handles
         ]
+        # A reasoning model's thinking goes out as reasoning_content, its answer as content.
+        thinks = self.reasoning_markers is not None
+        splitters = [ReasoningSplitter(opened) for _ in handles]
+
+        def answer_deltas(i: int, reasoning: str, text: str, end: bool) -> list[dict[str, Any]]:
+            deltas = [{"reasoning_content": reasoning}] if reasoning else []
+            if not choice.calls:
+                return deltas + ([{"content": text}] if text or (not deltas and not end) else [])
+            return deltas + calls[i].feed(text) + (calls[i].finish() if end else [])
 
         def piece(i: int, event: StreamEvent) -> list[dict[str, Any]]:
             logprobs = None
             if body.logprobs:
                 pairs = zip(event.token_ids, event.logprobs, strict=False)
                 logprobs = {"content": self._chat_logprobs(pairs, event.top_logprobs)}
-            if not choice.calls:
-                deltas = [{"content": event.text}]
-            else:
-                deltas = calls[i].feed(event.text) or ([{}] if logprobs else [])
+            reasoning, text = splitters[i].feed(event.text) if thinks else ("", event.text)
+            deltas = answer_deltas(i, reasoning, text, end=False) or ([{}] if logprobs else [])
             return [_delta_choice(i, delta, logprobs if k == 0 else None, None)
                     for k, delta in enumerate(deltas)]  # fmt: skip
 
         def finished(i: int, result: GenerationResult) -> list[dict[str, Any]]:
-            out = [_delta_choice(i, delta, None, None) for delta in calls[i].finish()]
+            reasoning, text = splitters[i].finish() if thinks else ("", "")
+            deltas = answer_deltas(i, reasoning, text, end=True)
+            out = [_delta_choice(i, delta, None, None) for delta in deltas]
             finish = _FINISH.get(result.finish_reason)
             if calls[i].called and calls[i].closed and result.finish_reason is FinishReason.STOP:
                 finish = "tool_calls"
@@ -651,16 +674,22 @@ def _sampling_path(field: str, body: _Body) -> str | None:
 
 
 def _chat_message(
-    result: GenerationResult, choice: tooling.ToolChoice
+    result: GenerationResult,
+    choice: tooling.ToolChoice,
+    thinks: bool = False,
+    opened: bool = False,
 ) -> tuple[dict[str, Any], str | None]:
-    """A finished chat's ``message`` and ``finish_reason``: text, or the calls it made."""
+    """A finished chat's ``message`` and ``finish_reason``: text, or the calls it made; a
+    reasoning model's (``thinks``) thinking as ``reasoning_content``."""
     finish = _FINISH.get(result.finish_reason)
-    parsed = tooling.parse_output(result.text, choice)
+    reasoning, text = split_reasoning(result.text, opened) if thinks else (None, result.text)
+    extra = {} if reasoning is None else {"reasoning_content": reasoning}
+    parsed = tooling.parse_output(text, choice)
     if parsed is None or not parsed[0]:
-        return {"role": "assistant", "content": result.text}, finish
+        return {"role": "assistant", "content": text, **extra}, finish
     calls, closed = parsed
     ids = [tooling.new_call_id() for _ in calls]
-    message = {"role": "assistant", "content": None,
+    message = {"role": "assistant", "content": None, **extra,
                "tool_calls": tooling.tool_calls_json(calls, ids)}  # fmt: skip
     if closed and result.finish_reason is FinishReason.STOP:
         finish = "tool_calls"

@@ -102,6 +102,9 @@ def usage_of(metas: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 class Backend(ABC):
     is_chat_model: bool = False
+    # Whether the model thinks before it answers (<think> ... </think>): a gen's variable is
+    # then its answer, and its meta_info's "reasoning" the thinking.
+    thinks: bool = False
     # Whether programs run on this backend send their call graph to report_program.
     report_programs: bool = False
 

@@ -54,6 +54,7 @@ class LocalBackend(Backend):
         if engine.tokenizer is None:
             raise ValueError(f"model {engine.files.name} has no tokenizer: programs need text")
         self.engine = engine
+        self.thinks = getattr(engine, "reasoning_markers", None) is not None
         # A server sharing this engine draws reported programs on its dashboard.
         self.report_programs = report_programs
         self.tokenizer = engine.tokenizer

@@ -1,0 +1,119 @@
+"""Reasoning models: a model that thinks (``<think> ... </think>``) before it answers.
+
+Three things follow from it, and live here:
+
+- **which tokens mark the thinking**: a tokenizer whose vocabulary has ``<think>`` and
+  ``</think>`` as single tokens and whose chat template writes them (Qwen3-style templates,
+  DeepSeek-R1's) is a reasoning model's (:func:`reasoning_markers`);
+- **constraints apply after the thinking** (``thinking_first.ThinkingFirst``): a JSON schema,
+  a regex or a tool-call grammar holds the *answer*, never the reasoning before it. The
+  wrapper lets the model open a thinking block first (or finds it opened by the prompt),
+  leaves the thinking free (but for ending the output inside it), and hands every token after
+  ``</think>`` to the inner constraint;
+- **a thinking budget**: after ``budget`` thinking tokens the wrapper forces ``</think>``
+  (jump-forward: the engine appends it at once) and the answer follows, under its constraint
+  if it has one.
+
+:func:`split_reasoning` separates a finished output into its reasoning and its answer, for the
+routes (``reasoning_content``, reasoning items, thinking blocks) and programs.
+
+Torch-free (the language reads answers with it); the constraint is ``thinking_first.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+OPEN = "<think>"
+CLOSE = "</think>"
+
+
+@dataclass(frozen=True)
+class ReasoningMarkers:
+    open_id: int
+    close_id: int
+
+
+def reasoning_markers(tokenizer: Any) -> ReasoningMarkers | None:
+    """The thinking markers' token ids, if ``tokenizer`` is a reasoning model's (both markers
+    single tokens, and its chat template writes them)."""
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    if tokenizer is None or OPEN not in template:
+        return None
+    ids = []
+    for marker in (OPEN, CLOSE):
+        encoded = tokenizer.encode(marker, add_special_tokens=False)
+        if len(encoded) != 1:
+            return None
+        ids.append(int(encoded[0]))
+    return ReasoningMarkers(*ids)
+
+
+def opened_in_prompt(prompt_ids: Iterable[int], markers: ReasoningMarkers) -> bool:
+    """Whether the prompt ends inside a thinking block (its template opened it)."""
+    state = False
+    for token in prompt_ids:
+        if token == markers.open_id:
+            state = True
+        elif token == markers.close_id:
+            state = False
+    return state
+
+
+class ReasoningSplitter:
+    """An output's text as it streams, split into reasoning and answer pieces: the text between
+    ``<think>`` and ``</think>`` (the prompt may have opened the block: ``opened``), then the
+    answer, its leading whitespace dropped. Text that may still be a marker is held back."""
+
+    def __init__(self, opened: bool = False) -> None:
+        self.state = "thinking" if opened else "start"
+        self.buffer = ""
+        self.thought = False  # a thinking block was seen
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """``(reasoning, answer)`` pieces that ``text`` completes."""
+        self.buffer += text
+        reasoning = answer = ""
+        if self.state == "start":
+            stripped = self.buffer.lstrip()
+            if stripped.startswith(OPEN):
+                self.state, self.thought, self.buffer = "thinking", True, stripped[len(OPEN) :]
+            elif not stripped or OPEN.startswith(stripped):
+                return "", ""  # maybe the marker still
+            else:
+                self.state = "answer"
+        if self.state == "thinking":
+            self.thought = True
+            before, closed, after = self.buffer.partition(CLOSE)
+            if not closed:
+                keep = next((k for k in range(len(CLOSE) - 1, 0, -1)
+                             if self.buffer.endswith(CLOSE[:k])), 0)  # fmt: skip
+                reasoning = self.buffer[: len(self.buffer) - keep]
+                self.buffer = self.buffer[len(self.buffer) - keep :]
+                return reasoning, ""
+            reasoning, self.buffer, self.state = before, after, "answer_start"
+        if self.state == "answer_start":
+            self.buffer = self.buffer.lstrip()
+            if not self.buffer:
+                return reasoning, ""
+            self.state = "answer"
+        answer, self.buffer = self.buffer, ""
+        return reasoning, answer
+
+    def finish(self) -> tuple[str, str]:
+        """What is held back when the output ends."""
+        held, self.buffer = self.buffer, ""
+        if self.state == "thinking":
+            return held, ""
+        return "", held.lstrip() if self.state != "answer" else held
+
+
+def split_reasoning(text: str, opened: bool = False) -> tuple[str | None, str]:
+    """``(reasoning, answer)`` of a whole output, as :class:`ReasoningSplitter` streams it
+    (reasoning None when the output has no thinking block)."""
+    splitter = ReasoningSplitter(opened)
+    r1, a1 = splitter.feed(text)
+    r2, a2 = splitter.finish()
+    return (r1 + r2 if splitter.thought else None), a1 + a2
