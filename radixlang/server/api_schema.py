@@ -293,6 +293,10 @@ _OUTPUT_ITEM = {
                  "content": {"type": "array", "items": _OUTPUT_TEXT}}),
         _object({"type": {"const": "function_call"}, "id": _STR, "call_id": _STR, "name": _STR,
                  "arguments": _STR, "status": _ITEM_STATUS}),
+        _object({"type": {"const": "reasoning"}, "id": _STR, "status": _ITEM_STATUS,
+                 "summary": _ARRAY,
+                 "content": {"type": "array", "items": _object(
+                     {"type": {"const": "reasoning_text"}, "text": _STR})}}),
     ]
 }  # fmt: skip
 _RESPONSE_USAGE = _object(
@@ -342,6 +346,7 @@ _CONTENT_BLOCK = {
     "anyOf": [
         _object({"type": {"const": "text"}, "text": _STR}),
         _object({"type": {"const": "tool_use"}, "id": _STR, "name": _STR, "input": _OPEN_OBJECT}),
+        _object({"type": {"const": "thinking"}, "thinking": _STR, "signature": _STR}),
     ]
 }
 _MESSAGE = _object(

@@ -18,7 +18,8 @@ Streamed, it is Anthropic's event sequence: ``message_start``, per block
 ``cache_read_input_tokens`` those the radix cache already held. Errors take Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``); with ``--api-key`` the key may come as
 ``x-api-key``. Image and document blocks, server tools and MCP servers are refused, naming the
-field.
+field. A reasoning model's thinking is a ``thinking`` block first (``thinking_delta``s when
+streamed), and ``thinking: {"type": "enabled", "budget_tokens": n}`` bounds it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixlang.constrain.reasoning import ReasoningSplitter, opened_in_prompt
 from radixlang.runtime.request import FinishReason, GenerationResult, StreamEvent
 from radixlang.server.answer_parts import AnswerParts, Part, PartEvent, whole_answer
 from radixlang.server.api_schema import BODY_ERRORS, typed_events
@@ -51,6 +53,10 @@ from radixlang.server.common import (
 from radixlang.server.openai import ChatBody, OpenAIRoutes
 
 _IDS = ("msg", "toolu")
+# A streamed block's deltas, by the part it streams: their type, and the field of the piece.
+_DELTAS = {"reasoning": {"type": "thinking_delta"}, "text": {"type": "text_delta"},
+           "call": {"type": "input_json_delta"}}  # fmt: skip
+_DELTA_FIELDS = {"reasoning": "thinking", "text": "text", "call": "partial_json"}
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -112,24 +118,29 @@ class MessagesRoutes:
         for name in ("container", "mcp_servers"):
             if getattr(body, name) is not None:
                 raise APIError(400, f"{name} is not supported by this server", param=name)
-        thinking = (body.thinking or {}).get("type", "disabled")
-        if thinking != "disabled":
-            raise APIError(400, "thinking is not supported by this model", param="thinking")
-        chat = parse_body(chat_body(body), ChatBody)
+        markers = self.openai.reasoning_markers
+        chat_fields = chat_body(body)
+        budget = _thinking_budget(body.thinking, markers is not None)
+        if budget is not None:
+            chat_fields["thinking_budget"] = budget
+        chat = parse_body(chat_fields, ChatBody)
         requests, choice = await self.openai.chat_requests(chat)
         handles = await self.openai.submit(request, chat, requests, [None], "messages")
+        opened = markers is not None and opened_in_prompt(requests[0].input_ids or [], markers)
+        splitter = ReasoningSplitter(opened) if markers is not None else None  # thinking blocks
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         shell = {"id": mid, "type": "message", "role": "assistant", "model": self.openai.model_name,
                  "content": [], "stop_reason": None, "stop_sequence": None}  # fmt: skip
         if body.stream:
             prompt_tokens = len(requests[0].input_ids or [])
-            events = _stream(handles[0], shell, AnswerParts(choice, _IDS), prompt_tokens)
+            parts = AnswerParts(choice, _IDS, splitter=splitter)
+            events = _stream(handles[0], shell, parts, prompt_tokens)
             return StreamingResponse(events, media_type="text/event-stream")
         results = await results_unless_disconnected(request, handles)
         if results is None:
             return Response(status_code=499)
         result = results[0]
-        parts = whole_answer(result.text, choice, _IDS)
+        parts = whole_answer(result.text, choice, _IDS, splitter)
         return JSONResponse({**shell, "content": [_block(p) for p in parts.parts],
                              **_stop(result, parts), "usage": _usage(result)})  # fmt: skip
 
@@ -268,7 +279,31 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
 # ---- the answer ----------------------------------------------------------------------------
 
 
+def _thinking_budget(thinking: dict[str, Any] | None, thinks: bool) -> int | None:
+    """``thinking``'s budget: ``{"type": "enabled", "budget_tokens": n}`` bounds a reasoning
+    model's thinking; ``disabled`` and ``adaptive`` set none. A model that does not think takes
+    no ``enabled``."""
+    kind = (thinking or {}).get("type", "disabled")
+    if kind in ("disabled", "adaptive"):
+        return None
+    if kind != "enabled":
+        raise APIError(400, "thinking.type must be 'enabled', 'disabled' or 'adaptive', got "
+                       f"{kind!r}", param="thinking.type")  # fmt: skip
+    if not thinks:
+        raise APIError(400, "thinking: this model does not think (no <think> and </think> "
+                       "tokens in its chat template)", param="thinking")  # fmt: skip
+    budget = (thinking or {}).get("budget_tokens")
+    if budget is None:
+        return None
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise APIError(400, "thinking.budget_tokens must be a positive integer",
+                       param="thinking.budget_tokens")  # fmt: skip
+    return budget
+
+
 def _block(part: Part, streaming: bool = False) -> dict[str, Any]:
+    if part.kind == "reasoning":
+        return {"type": "thinking", "thinking": "" if streaming else part.text, "signature": ""}
     if part.kind == "text":
         return {"type": "text", "text": "" if streaming else part.text}
     arguments: Any = {}
@@ -321,8 +356,7 @@ async def _stream(
                 out.append(event("content_block_start", index=e.index,
                                  content_block=_block(part, streaming=True)))  # fmt: skip
             elif e.kind == "delta":
-                delta = ({"type": "text_delta", "text": e.piece} if part.kind == "text"
-                         else {"type": "input_json_delta", "partial_json": e.piece})  # fmt: skip
+                delta = _DELTAS[part.kind] | {_DELTA_FIELDS[part.kind]: e.piece}
                 out.append(event("content_block_delta", index=e.index, delta=delta))
             else:
                 out.append(event("content_block_stop", index=e.index))

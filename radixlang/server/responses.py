@@ -31,8 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
+from radixlang.constrain.reasoning import ReasoningMarkers, ReasoningSplitter, opened_in_prompt
 from radixlang.runtime.request import FinishReason, GenerationResult, StreamEvent
-from radixlang.server.answer_parts import AnswerParts, Part, PartEvent, whole_answer
+from radixlang.server.answer_parts import AnswerParts, Part, PartEvent
 from radixlang.server.api_schema import BODY_ERRORS, typed_events
 from radixlang.server.common import (
     MAX_BODY_CACHE_SALT_CHARS,
@@ -88,6 +90,7 @@ class ResponsesBody(BaseModel):
     # radixlang's, as on the other OpenAI routes
     seed: int | None = None
     top_k: int | None = Field(default=None, ge=-1)
+    thinking_budget: int | None = Field(default=None, ge=-1)  # a reasoning model's thinking
     cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
     retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S)
@@ -149,23 +152,32 @@ class ResponsesRoutes:
         handles = await self.openai.submit(request, chat, requests, [None], "input")
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         shell = self._response(body, rid, created)
+        markers = self.openai.reasoning_markers
+        opened = markers is not None and opened_in_prompt(requests[0].input_ids or [], markers)
+
+        def answer_parts() -> AnswerParts:  # a reasoning model's thinking is an item of its own
+            splitter = ReasoningSplitter(opened) if markers is not None else None
+            return AnswerParts(choice, _IDS, splitter=splitter)
 
         def finished(result: GenerationResult, parts: AnswerParts) -> dict[str, Any]:
             response = {**shell, **_outcome(result), "output": [_item(p) for p in parts.parts],
-                        "usage": _usage(result)}  # fmt: skip
+                        "usage": _usage(result, markers)}  # fmt: skip
             if body.store:
-                answer = _assistant_message(parts.parts)
+                answer = _assistant_message(parts)
                 self.store.put(rid, StoredResponse(_tenant(request),
                                                    [*conversation, *answer], response))  # fmt: skip
             return response
 
         if body.stream:
-            events = _stream(handles[0], shell, AnswerParts(choice), finished)
+            events = _stream(handles[0], shell, answer_parts(), finished)
             return StreamingResponse(events, media_type="text/event-stream")
         results = await results_unless_disconnected(request, handles)
         if results is None:
             return Response(status_code=499)
-        return JSONResponse(finished(results[0], whole_answer(results[0].text, choice, _IDS)))
+        parts = answer_parts()
+        parts.feed(results[0].text)
+        parts.finish()
+        return JSONResponse(finished(results[0], parts))
 
     def _response(self, body: ResponsesBody, rid: str, created: int) -> dict[str, Any]:
         """The response object's fields that do not depend on the answer."""
@@ -288,6 +300,7 @@ def chat_body(body: ResponsesBody, messages: list[dict[str, Any]]) -> dict[str, 
     for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                          ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"),
                          ("seed", "seed"), ("top_k", "top_k"), ("cache_salt", "cache_salt"),
+                         ("thinking_budget", "thinking_budget"),
                          ("routing_key", "routing_key"), ("retain_s", "retain_s")):  # fmt: skip
         if getattr(body, ours) is not None:
             chat[theirs] = getattr(body, ours)
@@ -337,7 +350,11 @@ def _response_format(text_format: Any) -> dict[str, Any]:
 
 
 def _item(part: Part, status: str = "completed") -> dict[str, Any]:
-    """An output item: a message with its text, or a function call."""
+    """An output item: the thinking, a message with its text, or a function call."""
+    if part.kind == "reasoning":
+        content = [_reasoning_part(part.text)] if status == "completed" else []
+        return {"type": "reasoning", "id": part.item_id, "status": status, "summary": [],
+                "content": content}  # fmt: skip
     if part.kind == "text":
         content = [_text_part(part.text)] if status == "completed" else []
         return {"type": "message", "id": part.item_id, "status": status, "role": "assistant",
@@ -351,9 +368,19 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _assistant_message(parts: Sequence[Part]) -> list[dict[str, Any]]:
-    """The answer as the chat message a continuation renders."""
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def _assistant_message(answer: AnswerParts) -> list[dict[str, Any]]:
+    """The answer as the chat message a continuation renders: its thinking kept as written
+    (with the markers), so an append-only template renders the cached tokens again."""
+    parts = answer.parts
     text = "".join(p.text for p in parts if p.kind == "text")
+    if answer.reasoning is not None and THINK_CLOSE in answer.raw:
+        end = answer.raw.index(THINK_CLOSE) + len(THINK_CLOSE)
+        rest = answer.raw[end:]
+        text = answer.raw[: end + len(rest) - len(rest.lstrip())] + text
     calls = [{"id": p.call_id, "type": "function",
               "function": {"name": p.name, "arguments": p.text}}
              for p in parts if p.kind == "call"]  # fmt: skip
@@ -374,14 +401,24 @@ def _outcome(result: GenerationResult) -> dict[str, Any]:
     return {"status": "completed"}
 
 
-def _usage(result: GenerationResult) -> dict[str, Any]:
+def _usage(result: GenerationResult, markers: ReasoningMarkers | None = None) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
         "input_tokens_details": {"cached_tokens": result.cached_tokens},
         "output_tokens": result.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(result, markers)},
         "total_tokens": result.prompt_tokens + result.completion_tokens,
     }
+
+
+def _reasoning_tokens(result: GenerationResult, markers: ReasoningMarkers | None) -> int:
+    """The output's tokens up to and with ``</think>`` (all of it, if cut while thinking)."""
+    ids = result.output_ids
+    if markers is None or not ids:
+        return 0
+    if markers.close_id in ids:
+        return ids.index(markers.close_id) + 1
+    return len(ids) if ids[0] == markers.open_id else 0
 
 
 async def _stream(
@@ -410,12 +447,20 @@ async def _stream(
                 if part.kind == "text":
                     out.append(event("response.content_part.added", **ids, content_index=0,
                                      part=_text_part("")))  # fmt: skip
+            elif e.kind == "delta" and part.kind == "reasoning":
+                out.append(event("response.reasoning_text.delta", **ids, content_index=0,
+                                 delta=e.piece))  # fmt: skip
             elif e.kind == "delta" and part.kind == "text":
                 out.append(event("response.output_text.delta", **ids, content_index=0,
                                  delta=e.piece, logprobs=[]))  # fmt: skip
             elif e.kind == "delta":
                 out.append(event("response.function_call_arguments.delta", **ids,
                                  delta=e.piece))  # fmt: skip
+            elif part.kind == "reasoning":
+                out.append(event("response.reasoning_text.done", **ids, content_index=0,
+                                 text=part.text))  # fmt: skip
+                out.append(event("response.output_item.done", output_index=e.index,
+                                 item=_item(part)))  # fmt: skip
             elif part.kind == "text":
                 out.append(event("response.output_text.done", **ids, content_index=0,
                                  text=part.text, logprobs=[]))  # fmt: skip

@@ -5,6 +5,7 @@ streamed alike)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -19,6 +20,7 @@ SCHEMA = {"type": "object", "properties": {"answer": {"enum": [3, 4, 5]},
                                            "word": {"type": "string", "maxLength": 6}},
           "required": ["answer", "word"]}  # fmt: skip
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
+FORMAT = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}}
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +150,75 @@ def test_a_program_reads_the_answer_and_its_reasoning(thinking_engine):
         assert state.text().endswith(f"<|im_start|>assistant\n{thinking}{state['a']}<|im_end|>\n")
         thought += reasoning is not None
     assert thought > 0
+
+
+def test_responses_answer_the_thinking_as_a_reasoning_item(client_t, thinking_engine):
+    model, thought = thinking_engine.files.name, 0
+    for seed in range(6):
+        body = dict(model=model, input="What is 2 + 2?", max_output_tokens=80, temperature=1.0,
+                    text=FORMAT, extra_body={"seed": seed, "thinking_budget": 5})  # fmt: skip
+        r = client_t.responses.create(**body)
+        kinds = [item.type for item in r.output]
+        jsonschema.validate(json.loads(r.output_text), SCHEMA)  # the answer alone
+        events = list(client_t.responses.create(**body, stream=True))
+        final = events[-1].response
+        assert [item.type for item in final.output] == kinds
+        if kinds[0] == "reasoning":
+            thought += 1
+            text = r.output[0].content[0].text
+            streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+            assert streamed == text == final.output[0].content[0].text
+            assert 0 < r.usage.output_tokens_details.reasoning_tokens <= 5 + 2  # <think>, </think>
+        assert final.output_text == r.output_text
+    assert thought > 0
+
+
+def test_a_conversation_with_thinking_stays_in_the_cache(client_t, thinking_engine):
+    model, previous, usage = thinking_engine.files.name, None, []
+    for turn in ("Hi.", "And now?", "Bye."):
+        for seed in range(20):  # a turn that thinks (the random model's own choice)
+            # (a JSON answer leaves few first tokens beside <think>: the model often thinks)
+            extra = {"seed": seed, "thinking_budget": 4}
+            r = client_t.responses.create(model=model, input=turn, previous_response_id=previous,
+                                          max_output_tokens=40, temperature=1.0, text=FORMAT,
+                                          extra_body=extra)  # fmt: skip
+            if r.output[0].type == "reasoning":
+                break
+        assert r.output[0].type == "reasoning"
+        usage.append(r.usage)
+        previous = r.id
+    for before, now in itertools.pairwise(usage):
+        # The earlier answer is rendered again as written, its thinking included, so the prompt
+        # extends the last one and its thinking: all of that is cached (and the answer after
+        # it, as far as its text tokenizes to the tokens the random model drew).
+        thought = before.output_tokens_details.reasoning_tokens  # <think> ... </think>
+        assert now.input_tokens_details.cached_tokens >= before.input_tokens + thought
+
+
+def test_messages_answer_the_thinking_as_a_thinking_block(thinking_server, thinking_engine):
+    anthropic = pytest.importorskip("anthropic")
+    claude = anthropic.Anthropic(base_url=thinking_server.url, api_key="x", max_retries=0)
+    model, thought = thinking_engine.files.name, 0
+    for seed in range(6):
+        body = dict(model=model, max_tokens=80, messages=ASK,
+                    thinking={"type": "enabled", "budget_tokens": 5},
+                    output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+                    extra_body={"seed": seed, "temperature": 1.0})  # fmt: skip
+        m = claude.messages.create(**body)
+        with claude.messages.stream(**body) as s:
+            final = s.get_final_message()
+        assert [b.type for b in final.content] == [b.type for b in m.content]
+        jsonschema.validate(json.loads(m.content[-1].text), SCHEMA)
+        if m.content[0].type == "thinking":
+            thought += 1
+            assert final.content[0].thinking == m.content[0].thinking
+    assert thought > 0
+
+
+def test_thinking_on_a_model_that_does_not_think_is_refused(client):
+    body = {"model": "x", "max_tokens": 2, "messages": ASK,
+            "thinking": {"type": "enabled", "budget_tokens": 10}}  # fmt: skip
+    r = client.post(
+        "/v1/messages", json=body | {"model": client.get("/v1/models").json()["data"][0]["id"]}
+    )
+    assert r.status_code == 400 and "does not think" in r.json()["error"]["message"]
