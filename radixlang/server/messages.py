@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
+from radixlang.constrain.reasoning import OPEN as THINK_OPEN
 from radixlang.constrain.reasoning import ReasoningSplitter, opened_in_prompt
 from radixlang.runtime.request import FinishReason, GenerationResult, StreamEvent
 from radixlang.server.answer_parts import AnswerParts, Part, PartEvent, whole_answer
@@ -90,6 +92,7 @@ class MessagesBody(BaseModel):
     mcp_servers: Any = None
     # radixlang's, as on the OpenAI routes
     seed: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
     cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
     retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S)
@@ -119,7 +122,7 @@ class MessagesRoutes:
             if getattr(body, name) is not None:
                 raise APIError(400, f"{name} is not supported by this server", param=name)
         markers = self.openai.reasoning_markers
-        chat_fields = chat_body(body)
+        chat_fields = chat_body(body, thinks=markers is not None)
         budget = _thinking_budget(body.thinking, markers is not None)
         if budget is not None:
             chat_fields["thinking_budget"] = budget
@@ -145,7 +148,7 @@ class MessagesRoutes:
                              **_stop(result, parts), "usage": _usage(result)})  # fmt: skip
 
 
-def chat_body(body: MessagesBody) -> dict[str, Any]:
+def chat_body(body: MessagesBody, thinks: bool = False) -> dict[str, Any]:
     """The chat completions body that asks what ``body`` asks."""
     messages: list[dict[str, Any]] = []
     if body.system:
@@ -153,10 +156,19 @@ def chat_body(body: MessagesBody) -> dict[str, Any]:
         text = system if isinstance(system, str) else _text_blocks(system, "system")
         messages.append({"role": "system", "content": text})
     for i, message in enumerate(body.messages):
-        messages += _chat_messages(message, f"messages[{i}]")
+        messages += _chat_messages(message, f"messages[{i}]", thinks)
     chat: dict[str, Any] = {"model": body.model, "messages": messages,
                             "max_tokens": body.max_tokens}  # fmt: skip
-    for name in ("temperature", "top_p", "top_k", "seed", "cache_salt", "routing_key", "retain_s"):
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "cache_salt",
+        "routing_key",
+        "retain_s",
+        "chat_template_kwargs",
+    ):
         if getattr(body, name) is not None:
             chat[name] = getattr(body, name)
     if body.stop_sequences:
@@ -175,7 +187,10 @@ def chat_body(body: MessagesBody) -> dict[str, Any]:
     return chat
 
 
-def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _chat_messages(message: dict[str, Any], where: str, thinks: bool) -> list[dict[str, Any]]:
+    """A message as chat messages; on a reasoning model (``thinks``) an assistant's thinking
+    blocks are written back before its text, as the model wrote them (so the conversation's
+    prompt stays on the cached path)."""
     role = message.get("role")
     if role not in ("user", "assistant"):
         raise APIError(400, f"{where}.role must be 'user' or 'assistant', got {role!r}",
@@ -191,6 +206,7 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         raise APIError(400, f"{where}.content must be a string or a list of blocks",
                        param=f"{where}.content")  # fmt: skip
     texts: list[str] = []
+    thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
@@ -212,14 +228,18 @@ def _chat_messages(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
                 text = f"Error: {text}"
             call_id = string_field(block, "tool_use_id", here)
             results.append({"role": "tool", "tool_call_id": call_id, "content": text})
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # earlier thinking is not shown again
+        elif kind == "thinking" and role == "assistant":
+            if thinks:
+                thinking.append(string_field(block, "thinking", here))
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # nothing to show
         else:
             raise APIError(400, f"{here}: {kind!r} blocks are not supported in {role} messages "
                            "by this server", param=f"{here}.type")  # fmt: skip
     out = list(results)
     if role == "assistant":
-        turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        thought = "".join(f"{THINK_OPEN}{t}{THINK_CLOSE}" for t in thinking)
+        turn: dict[str, Any] = {"role": "assistant", "content": thought + "".join(texts)}
         if calls:
             turn["tool_calls"] = calls
         out.append(turn)

@@ -63,6 +63,13 @@ from radixlang.server.common import (
     submit_all,
 )
 
+# apply_chat_template's own arguments: chat_template_kwargs may not set them.
+_TEMPLATE_ARGUMENTS = frozenset({
+    "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "messages",
+})  # fmt: skip
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
 # A response's id prefix, by its object.
 _ID_PREFIX = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}
@@ -186,6 +193,8 @@ class ChatBody(_Body):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False
+    # vLLM's and SGLang's: more variables for the chat template (Qwen3's enable_thinking, ...).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 _Body.model_rebuild()
@@ -509,6 +518,12 @@ class OpenAIRoutes:
         elif choice.calls:
             messages = _with_system_text(messages, tooling.tools_prompt(shown))
 
+        template_vars = body.chat_template_kwargs or {}
+        taken = sorted(set(template_vars) & _TEMPLATE_ARGUMENTS)
+        if taken:
+            raise APIError(400, f"chat_template_kwargs: {taken[0]} is set by the server",
+                           param=f"chat_template_kwargs.{taken[0]}")  # fmt: skip
+
         def render(messages: list[dict[str, Any]]) -> str:
             return tokenizer.apply_chat_template(
                 messages,
@@ -516,6 +531,7 @@ class OpenAIRoutes:
                 add_generation_prompt=not final,
                 continue_final_message=final,
                 **extra,
+                **template_vars,
             )
 
         try:

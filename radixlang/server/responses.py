@@ -91,6 +91,7 @@ class ResponsesBody(BaseModel):
     seed: int | None = None
     top_k: int | None = Field(default=None, ge=-1)
     thinking_budget: int | None = Field(default=None, ge=-1)  # a reasoning model's thinking
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
     cache_salt: str | None = Field(default=None, max_length=MAX_BODY_CACHE_SALT_CHARS)
     routing_key: str | None = Field(default=None, max_length=MAX_ROUTING_KEY_CHARS)
     retain_s: float | None = Field(default=None, ge=0, le=MAX_RETAIN_S)
@@ -153,7 +154,14 @@ class ResponsesRoutes:
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         shell = self._response(body, rid, created)
         markers = self.openai.reasoning_markers
-        opened = markers is not None and opened_in_prompt(requests[0].input_ids or [], markers)
+        prompt_ids = requests[0].input_ids or []
+        opened = markers is not None and opened_in_prompt(prompt_ids, markers)
+        # A template that opened the thinking block wrote its opening (e.g. "<think>\n") into
+        # the prompt: the stored answer starts with it, so the next turn renders it again.
+        opening = ""
+        if opened and markers is not None:
+            at = len(prompt_ids) - 1 - prompt_ids[::-1].index(markers.open_id)
+            opening = self.openai.engine.tokenizer.decode(prompt_ids[at:])
 
         def answer_parts() -> AnswerParts:  # a reasoning model's thinking is an item of its own
             splitter = ReasoningSplitter(opened) if markers is not None else None
@@ -163,7 +171,7 @@ class ResponsesRoutes:
             response = {**shell, **_outcome(result), "output": [_item(p) for p in parts.parts],
                         "usage": _usage(result, markers)}  # fmt: skip
             if body.store:
-                answer = _assistant_message(parts)
+                answer = _assistant_message(parts, opening)
                 self.store.put(rid, StoredResponse(_tenant(request),
                                                    [*conversation, *answer], response))  # fmt: skip
             return response
@@ -301,6 +309,7 @@ def chat_body(body: ResponsesBody, messages: list[dict[str, Any]]) -> dict[str, 
                          ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"),
                          ("seed", "seed"), ("top_k", "top_k"), ("cache_salt", "cache_salt"),
                          ("thinking_budget", "thinking_budget"),
+                         ("chat_template_kwargs", "chat_template_kwargs"),
                          ("routing_key", "routing_key"), ("retain_s", "retain_s")):  # fmt: skip
         if getattr(body, ours) is not None:
             chat[theirs] = getattr(body, ours)
@@ -372,15 +381,16 @@ def _reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def _assistant_message(answer: AnswerParts) -> list[dict[str, Any]]:
+def _assistant_message(answer: AnswerParts, opening: str = "") -> list[dict[str, Any]]:
     """The answer as the chat message a continuation renders: its thinking kept as written
-    (with the markers), so an append-only template renders the cached tokens again."""
+    (with the markers, and the ``opening`` the template wrote when it opened the block), so an
+    append-only template renders the cached tokens again."""
     parts = answer.parts
     text = "".join(p.text for p in parts if p.kind == "text")
     if answer.reasoning is not None and THINK_CLOSE in answer.raw:
         end = answer.raw.index(THINK_CLOSE) + len(THINK_CLOSE)
         rest = answer.raw[end:]
-        text = answer.raw[: end + len(rest) - len(rest.lstrip())] + text
+        text = opening + answer.raw[: end + len(rest) - len(rest.lstrip())] + text
     calls = [{"id": p.call_id, "type": "function",
               "function": {"name": p.name, "arguments": p.text}}
              for p in parts if p.kind == "call"]  # fmt: skip

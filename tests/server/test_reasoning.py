@@ -195,6 +195,29 @@ def test_a_conversation_with_thinking_stays_in_the_cache(client_t, thinking_engi
         assert now.input_tokens_details.cached_tokens >= before.input_tokens + thought
 
 
+def test_a_template_opened_thinking_stays_in_the_cache_too(client_t, thinking_engine):
+    # chat_template_kwargs (as vLLM and SGLang take it): the template opens "<think>\n" itself.
+    model, previous, usage = thinking_engine.files.name, None, []
+    extra = {"thinking_budget": 4, "chat_template_kwargs": {"enable_thinking": True}}
+    for seed, turn in enumerate(("Hi.", "And now?", "Bye.")):
+        r = client_t.responses.create(model=model, input=turn, previous_response_id=previous,
+                                      max_output_tokens=40, temperature=1.0, text=FORMAT,
+                                      extra_body=extra | {"seed": seed})  # fmt: skip
+        assert r.output[0].type == "reasoning"  # opened by the prompt: always
+        usage.append(r.usage)
+        previous = r.id
+    for before, now in itertools.pairwise(usage):
+        thought = before.output_tokens_details.reasoning_tokens
+        assert now.input_tokens_details.cached_tokens >= before.input_tokens + thought
+
+
+def test_chat_template_kwargs_cannot_set_the_servers_arguments(client_t, thinking_engine):
+    with pytest.raises(openai.BadRequestError, match="chat_template_kwargs"):
+        client_t.chat.completions.create(
+            model=thinking_engine.files.name, messages=ASK, max_tokens=2,
+            extra_body={"chat_template_kwargs": {"tokenize": True}})  # fmt: skip
+
+
 def test_messages_answer_the_thinking_as_a_thinking_block(thinking_server, thinking_engine):
     anthropic = pytest.importorskip("anthropic")
     claude = anthropic.Anthropic(base_url=thinking_server.url, api_key="x", max_retries=0)
@@ -215,6 +238,29 @@ def test_messages_answer_the_thinking_as_a_thinking_block(thinking_server, think
     assert thought > 0
 
 
+def test_a_thinking_block_sent_back_keeps_the_conversation_cached(thinking_server,
+                                                                  thinking_engine):  # fmt: skip
+    anthropic = pytest.importorskip("anthropic")
+    claude = anthropic.Anthropic(base_url=thinking_server.url, api_key="x", max_retries=0)
+    body = dict(model=thinking_engine.files.name, max_tokens=60,
+                thinking={"type": "enabled", "budget_tokens": 4},
+                output_config={"format": {"type": "json_schema", "schema": SCHEMA}})  # fmt: skip
+    for seed in range(20):
+        first = claude.messages.create(**body, messages=ASK, extra_body={"seed": seed})
+        if first.content[0].type == "thinking":
+            break
+    assert first.content[0].type == "thinking"
+    history = [*ASK, {"role": "assistant", "content": first.content},
+               {"role": "user", "content": "And 3 + 3?"}]  # fmt: skip
+    second = claude.messages.create(**body, messages=history)
+    read = second.usage.cache_read_input_tokens
+    # The thinking block comes back as the model wrote it: the prompt stays on the cached path
+    # through it (and into the answer, as far as its text tokenizes to the drawn tokens).
+    block = f"<think>{first.content[0].thinking}</think>"
+    thought = len(thinking_engine.tokenizer.encode(block, add_special_tokens=False))
+    assert read >= first.usage.input_tokens + first.usage.cache_read_input_tokens + thought
+
+
 def test_thinking_on_a_model_that_does_not_think_is_refused(client):
     body = {"model": "x", "max_tokens": 2, "messages": ASK,
             "thinking": {"type": "enabled", "budget_tokens": 10}}  # fmt: skip
@@ -222,3 +268,20 @@ def test_thinking_on_a_model_that_does_not_think_is_refused(client):
         "/v1/messages", json=body | {"model": client.get("/v1/models").json()["data"][0]["id"]}
     )
     assert r.status_code == 400 and "does not think" in r.json()["error"]["message"]
+
+
+def test_tool_calls_come_after_the_thinking_and_are_valid(client_t, thinking_engine):
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
+        "required": ["zone"]}}}  # fmt: skip
+    # The template opens the thinking (enable_thinking): every answer thinks, then calls.
+    extra = {"thinking_budget": 4, "chat_template_kwargs": {"enable_thinking": True}}
+    for seed in range(8):
+        message = client_t.chat.completions.create(
+            model=thinking_engine.files.name, messages=ASK, tools=[tool], tool_choice="required",
+            max_tokens=60, temperature=1.0, seed=seed, extra_body=extra,
+        ).choices[0].message  # fmt: skip
+        assert (message.model_extra or {}).get("reasoning_content") is not None
+        assert message.tool_calls  # the call block after the thinking parses
+        for call in message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
