@@ -355,13 +355,19 @@ class RadixCache(TierMoves, RetentionMoves):
         node = self._live_node(handle)
         if node.parent is not None and node.lock_ref == 0:
             raise RuntimeError(f"unlock of {handle!r}, which is not locked")
+        freed = False
         while node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._protected_blocks -= node.own_blocks
                 self._evictable_blocks += node.own_blocks
                 self._refresh_candidate(node)
+                freed = True
             node = node.parent
+        if freed and self._retained_candidates and self.max_retained_blocks is not None:
+            # Retained blocks count once unlocked: a path retained while its request ran (or
+            # the prefix under it) joins the count now, so hold retention to its share now.
+            self._bound_retention()
 
     def evict(self, num_blocks: int) -> list[int]:
         """Evict least-recently-used unlocked leaves until ``num_blocks`` blocks are freed.

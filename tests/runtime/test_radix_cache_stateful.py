@@ -268,3 +268,35 @@ TestRadixCacheOddBlocks = RadixCacheOddBlockMachine.TestCase
 TestRadixCacheOddBlocks.settings = steps(100)
 TestRadixCacheTokenBlocks = RadixCacheTokenBlockMachine.TestCase
 TestRadixCacheTokenBlocks.settings = steps(50)
+
+
+def _replay(steps_: list[tuple[str, dict]]) -> None:
+    """Run rules of the retention-bound machine in order, with the invariants after each."""
+    machine = RadixCacheRetentionBoundMachine()
+    try:
+        for name, kwargs in steps_:
+            getattr(machine, name)(**kwargs)
+            machine.integrity()
+            machine.model_agrees()
+    finally:
+        machine.teardown()
+
+
+def test_a_path_retained_while_its_request_runs_is_bounded_when_it_ends():
+    # Found by hypothesis: 13 tokens (4 blocks) retained while running, past the 3-block bound
+    # once unlocked; the bound held only at the next retain or evict.
+    _replay([("hold_prefix", {"lock": True, "tokens": []}),
+             ("run_request", {"keep": True, "tokens": [0] * 13}),
+             ("retain", {"i": 1, "key": "a"}),
+             ("finish", {"i": 1}),
+             ("retain", {"i": 0, "key": "a"})])  # fmt: skip
+
+
+def test_a_retention_bounded_out_is_evicted_as_the_plain_leaf_it_became():
+    # Found by hypothesis: the bound turned the retained path plain inside evict, after the
+    # check had taken it for retained; now it is bounded when its request ends.
+    _replay([("run_request", {"keep": True, "tokens": [0] * 13}),
+             ("retain", {"i": 0, "key": "a"}),
+             ("finish", {"i": 0}),
+             ("run_request", {"keep": False, "tokens": [1]}),
+             ("evict", {"n": 1})])  # fmt: skip
