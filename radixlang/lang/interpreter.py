@@ -625,11 +625,11 @@ class StateExecutor:
         else:
             opened = self._thinking_open()
             text, meta = generate(prompt, sampling)
-            answer = self._answer(text, meta, opened)
-            if answer != text:  # the thinking stays in the text; the calls are the answer's
-                self._take_calls(expr, answer, meta)
-            else:
-                text = answer = self._take_calls(expr, text, meta)
+            # The calls are the answer's; the text keeps the thinking (a chat service's calls,
+            # whose models do not think here, come back written as a call block).
+            answer = self._take_calls(expr, self._answer(text, meta, opened), meta)
+            if not self.backend.thinks:
+                text = answer
             self.text += text
             self._set_var(expr.name, answer, meta)
 

@@ -47,8 +47,8 @@ class KVCache:
         self.dtype = dtype
         dims = (shape.num_layers, num_blocks, block_size, shape.kv_heads, shape.head_dim)
         # Zeros, not empty: padded reads of never-written slots must stay finite.
-        self.k = lazy_zeros(dims, dtype, torch.device(device))
-        self.v = lazy_zeros(dims, dtype, torch.device(device))
+        self.k = _zeros(dims, dtype, torch.device(device))
+        self.v = _zeros(dims, dtype, torch.device(device))
         self.layers = [PagedKV(self.k[i], self.v[i]) for i in range(shape.num_layers)]
 
     @classmethod
@@ -97,7 +97,7 @@ class KVCache:
         }
 
 
-def lazy_zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed tensor. On the CPU its pages are mapped lazily: ``torch.zeros`` writes every
     byte of a multi-GiB pool up front (seconds, and all of it resident at once), where numpy's
     calloc-backed zeros take fresh zero pages from the kernel as blocks are first written."""

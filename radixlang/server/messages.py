@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
 from radixlang.constrain.reasoning import OPEN as THINK_OPEN
-from radixlang.constrain.reasoning import ReasoningSplitter, opened_in_prompt
+from radixlang.constrain.reasoning import ReasoningSplitter
 from radixlang.runtime.request import FinishReason, GenerationResult, StreamEvent
 from radixlang.server.answer_parts import AnswerParts, Part, PartEvent, whole_answer
 from radixlang.server.api_schema import BODY_ERRORS, typed_events
@@ -129,7 +129,7 @@ class MessagesRoutes:
         chat = parse_body(chat_fields, ChatBody)
         requests, choice = await self.openai.chat_requests(chat)
         handles = await self.openai.submit(request, chat, requests, [None], "messages")
-        opened = markers is not None and opened_in_prompt(requests[0].input_ids or [], markers)
+        opened = self.openai.thinking_opened(requests[0])
         splitter = ReasoningSplitter(opened) if markers is not None else None  # thinking blocks
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         shell = {"id": mid, "type": "message", "role": "assistant", "model": self.openai.model_name,

@@ -255,6 +255,11 @@ class OpenAIRoutes:
         """The model's thinking markers, if it is a reasoning model (its answers are split)."""
         return getattr(self.engine, "reasoning_markers", None)
 
+    def thinking_opened(self, request: GenerateRequest) -> bool:
+        """Whether ``request``'s prompt ends inside a thinking block (its template opened it)."""
+        markers = self.reasoning_markers
+        return markers is not None and opened_in_prompt(request.input_ids or [], markers)
+
     def check_model(self, model: str) -> None:
         if model not in (self.model_name, "default"):
             raise APIError(
@@ -421,7 +426,7 @@ class OpenAIRoutes:
         body = await read_body(request, ChatBody)
         requests, choice = await self.chat_requests(body)
         markers = self.reasoning_markers
-        opened = markers is not None and opened_in_prompt(requests[0].input_ids or [], markers)
+        opened = self.thinking_opened(requests[0])
 
         def stream(handles: Sequence[Any], rid: str, created: int) -> AsyncIterator[str]:
             return self._stream_chat(handles, body, rid, created, choice, opened)

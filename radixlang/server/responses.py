@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
-from radixlang.constrain.reasoning import ReasoningMarkers, ReasoningSplitter, opened_in_prompt
+from radixlang.constrain.reasoning import ReasoningMarkers, ReasoningSplitter
 from radixlang.runtime.request import FinishReason, GenerationResult, StreamEvent
 from radixlang.server.answer_parts import AnswerParts, Part, PartEvent
 from radixlang.server.api_schema import BODY_ERRORS, typed_events
@@ -155,7 +155,7 @@ class ResponsesRoutes:
         shell = self._response(body, rid, created)
         markers = self.openai.reasoning_markers
         prompt_ids = requests[0].input_ids or []
-        opened = markers is not None and opened_in_prompt(prompt_ids, markers)
+        opened = self.openai.thinking_opened(requests[0])
         # A template that opened the thinking block wrote its opening (e.g. "<think>\n") into
         # the prompt: the stored answer starts with it, so the next turn renders it again.
         opening = ""
