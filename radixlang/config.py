@@ -37,6 +37,7 @@ TOOL_CALL_RETAIN_S = 30.0
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8")  # the runtime's models/linear.py QUANTIZATIONS
 PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
+SPECULATIVE = ("off", "ngram")  # runtime/speculative
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ROUTING_POLICIES = ("cache_aware", "round_robin")  # cluster/router.py POLICIES
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
@@ -361,6 +362,12 @@ ENGINE_SETTINGS = (
             "same whatever else is in its batch (batch-invariant kernels; slower)"),
     Setting("engine", "kv_dtype", _choice_kind(DTYPES[1:]), None,
             "the KV cache's dtype (default: the weights')", takes_objects=True),
+    Setting("engine", "speculative", _choice_kind(SPECULATIVE), "off",
+            "speculative decoding without a draft model: ngram drafts each decode from the "
+            "request's own text, other requests' and the radix cache's paths, verified in one "
+            "forward, as many tokens per request as its acceptance pays for"),
+    Setting("engine", "speculative_num_draft_tokens", POSITIVE_INT, 8,
+            "the most draft tokens one request verifies in a step"),
     Setting("engine", "check_integrity_every_step", BOOL, False,
             "check the block pool's and the radix cache's invariants after every step (slow; "
             "for debugging)"),

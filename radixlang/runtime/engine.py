@@ -70,6 +70,9 @@ from radixlang.runtime.sampling import (
 )
 from radixlang.runtime.sampling_rows import SamplingRows, first_token_mask, sampling_row
 from radixlang.runtime.scheduler import Chunk, Scheduler
+from radixlang.runtime.speculative.drafter import Drafter
+from radixlang.runtime.speculative.step_cost import CPU_PRIOR, GPU_PRIOR, StepCost
+from radixlang.runtime.speculative.verify import DraftVerifier
 from radixlang.runtime.step_loop import OneAtATime, Overlapped
 
 log = logging.getLogger(__name__)
@@ -303,6 +306,11 @@ class Engine:
         batch_tokens = config.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(
             self.runner.device.type, 2048
         )
+        # Speculative decoding: drafts from the text already there (runtime/speculative).
+        self.drafter: Drafter | None = None
+        if config.speculative == "ngram":
+            prior = GPU_PRIOR if self.runner.device.type == "cuda" else CPU_PRIOR
+            self.drafter = Drafter(self.cache, StepCost(prior), config.speculative_num_draft_tokens)
         self.scheduler = Scheduler(
             self.pool,
             self.cache,
@@ -311,6 +319,7 @@ class Engine:
             config.schedule_policy,
             sliding_window=self.runner.sliding_window,
             preemption=config.preemption or ("swap" if self.host_tier is not None else "recompute"),
+            drafter=self.drafter,
         )
         self._outputs = RequestOutputs(
             self.scheduler,
@@ -322,6 +331,18 @@ class Engine:
         )
         self._rows = SamplingRows(
             self._masks, self._outputs.stop_done, self._outputs.fail_constraint
+        )
+        self._verifier = (
+            DraftVerifier(
+                self.scheduler,
+                self._outputs,
+                self._rows,
+                self.drafter,
+                lambda: self._generator,
+                lambda: self.jump_forward,
+            )
+            if self.drafter is not None
+            else None
         )
         if self.cache_dir is not None:
             self._load_saved_cache()
@@ -548,6 +569,8 @@ class Engine:
         self._busy_seconds = 0.0
         self._stepper.overlapped_steps = 0
         self._masks.reset()
+        if self.drafter is not None:
+            self.drafter.reset_stats()
 
     def _stats(self) -> dict[str, float | int]:
         s = self.scheduler.stats()
@@ -577,6 +600,9 @@ class Engine:
         s.update(self.cache.tier_stats())
         # Retention: the paths programs paused at tool calls keep, and what eviction took.
         s.update(self.cache.retention_stats())
+        # Speculative decoding: drafts verified and accepted.
+        if self.drafter is not None:
+            s.update(self.drafter.stats())
         # CPU threads of the forward passes now, and how often the governor changed them.
         s["cpu_threads"] = torch.get_num_threads()
         if self._governor is not None:
@@ -753,22 +779,29 @@ class Engine:
             req = chunk.req
             start = chunk.start
             scored = req.next_prompt_logprob >= 0 and start < len(req.prompt_ids)
+            tokens = req.tokens[start : chunk.end]
             seqs.append(
                 SequenceInput(
-                    req.tokens[start : chunk.end],
+                    tokens + chunk.draft if chunk.draft else tokens,
                     start,
                     req.blocks,
                     scored,
                     req.params.top_logprobs_num if scored else 0,
+                    all_logits=bool(chunk.draft),
                 )
             )
         self._rows.prefetch(chunks, self.runner.vocab_size)
+        started = time.perf_counter()
         try:
             out = self.runner.forward(seqs)
             self._masks.wait()  # before anything touches a constraint again
             return self._finish_run(chunks, seqs, out)
         finally:
             self._masks.settle()  # nothing may fill masks while constraints advance
+            if self.drafter is not None and all(_decoding(c) for c in chunks):
+                # What a decode step costs, for the drafts' cost rule.
+                tokens = sum(1 + len(c.draft) for c in chunks)
+                self.drafter.cost.observe(len(chunks), tokens, time.perf_counter() - started)
 
     def _finish_run(self, chunks: list[Chunk], seqs: list[SequenceInput], out: Any) -> int:
         sampled: list[int] = []
@@ -790,6 +823,8 @@ class Engine:
                 self._outputs.complete(req)
         sampled, beam_rows = split_beam_rows(chunks, sampled)
         beam_tokens = self._outputs.advance_beams(chunks, beam_rows, out.logits) if beam_rows else 0
+        if self._verifier is not None and any(chunks[i].draft for i in sampled):
+            return beam_tokens + self._verifier.take(chunks, sampled, out)
         if constrained:
             sampled, rows = self._rows.constrained(chunks, sampled, out.logits.shape[-1])
         else:  # no constraint in the batch: no per-row work beyond token healing's first mask
@@ -899,6 +934,11 @@ class Engine:
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(req, FinishReason.ABORT)
             self._outputs.complete(req)
+
+
+def _decoding(chunk: Chunk) -> bool:
+    """A decode (with or without a draft): one token after the prompt."""
+    return chunk.end - chunk.start == 1 and chunk.start >= len(chunk.req.prompt_ids)
 
 
 def _choose_overlap(

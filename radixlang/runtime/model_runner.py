@@ -42,6 +42,7 @@ class SequenceInput:
     block_table: Sequence[int]
     return_logprobs: bool = False  # log-probabilities of tokens[1:] (see ForwardOutput)
     top_logprobs: int = 0  # with return_logprobs: the k most likely tokens after every token
+    all_logits: bool = False  # the logits after every token (verifying a draft), not only the last
 
 
 @dataclass
@@ -57,6 +58,9 @@ class ForwardOutput:
     # Per sequence (None unless top_logprobs > 0): (logprobs, token ids), each
     # [len(tokens), k], row i the k most likely tokens to follow tokens[i], best first.
     prompt_top_logprobs: list[tuple[torch.Tensor, torch.Tensor] | None]
+    # Per sequence (None unless all_logits): [len(tokens), vocab], row i the logits after
+    # tokens[i]. Views of one tensor, like ``logits``.
+    token_logits: list[torch.Tensor | None] | None = None
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -218,7 +222,7 @@ class ModelRunner:
 
         logprobs: list[torch.Tensor | None] = [None] * len(seqs)
         top: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(seqs)
-        scored = any(seq.return_logprobs for seq in seqs)
+        scored = any(seq.return_logprobs or seq.all_logits for seq in seqs)
         if isinstance(order, range) and not scored:
             return ForwardOutput(logits, logprobs, top)  # a row per sequence, in order
         # Each sequence's last row, in the order given: one gather, none when rows line up.
@@ -229,8 +233,11 @@ class ModelRunner:
             last = logits
         else:
             last = logits.index_select(0, torch.tensor(last_rows, device=logits.device))
+        token_logits: list[torch.Tensor | None] = [None] * len(seqs)
         for position, (index, (start, end)) in enumerate(zip(order, spans, strict=True)):
             seq = ordered[position]
+            if seq.all_logits:
+                token_logits[index] = logits[start:end]
             if seq.return_logprobs:
                 scores = torch.log_softmax(logits[start:end], dim=-1)
                 following = torch.tensor(list(seq.tokens[1:]), device=self.device)
@@ -238,7 +245,7 @@ class ModelRunner:
                 if seq.top_logprobs > 0:
                     values, ids = scores.topk(min(seq.top_logprobs, scores.shape[1]), dim=-1)
                     top[index] = (values, ids)
-        return ForwardOutput(last, logprobs, top)
+        return ForwardOutput(last, logprobs, top, token_logits)
 
     def _check(self, seq: SequenceInput) -> None:
         n = len(seq.tokens)
@@ -523,7 +530,7 @@ def _logit_rows(seqs: Sequence[SequenceInput]) -> tuple[list[int], list[tuple[in
     token_start = 0
     for seq in seqs:
         n = len(seq.tokens)
-        if seq.return_logprobs:
+        if seq.return_logprobs or seq.all_logits:
             spans.append((len(rows), len(rows) + n))
             rows += range(token_start, token_start + n)
         else:

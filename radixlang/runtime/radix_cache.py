@@ -119,6 +119,10 @@ def _pop_live(
     return None
 
 
+def _last_access(node: RadixNode) -> int:
+    return node.last_access
+
+
 def _as_token_list(tokens: Sequence[int]) -> list[int]:
     tolist = getattr(tokens, "tolist", None)  # torch tensors and numpy arrays
     return tolist() if tolist is not None else list(tokens)
@@ -222,6 +226,35 @@ class RadixCache(TierMoves, RetentionMoves):
         if root is None:
             return 0
         return self._walk(_as_token_list(tokens), split=False, root=root)[1]
+
+    def continuation(
+        self, handle: CacheHandle, tokens: Sequence[int], max_tokens: int
+    ) -> list[int]:
+        """What the cache holds after ``handle``'s path followed by ``tokens``: up to
+        ``max_tokens`` tokens, along the most recently used child at each branch; empty when
+        ``tokens`` are not all cached there. Reads only: nothing is split or touched (a
+        speculative draft, see ``runtime/speculative``)."""
+        node = handle._node
+        if node.evicted or max_tokens <= 0:
+            return []
+        key = _as_token_list(tokens)
+        pos = 0
+        out: list[int] = []
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                return []
+            k = common_prefix_len(key, child.tokens, pos)
+            pos += k
+            node = child
+            if k < len(child.tokens):
+                if pos < len(key):
+                    return []  # the path and the tokens part inside this node
+                out = child.tokens[k : k + max_tokens]
+        while len(out) < max_tokens and node.children:
+            node = max(node.children.values(), key=_last_access)
+            out += node.tokens[: max_tokens - len(out)]
+        return out
 
     def handle_of(self, tokens: Sequence[int], salt: str = "") -> CacheHandle:
         """A handle on the node that ends exactly after ``tokens``, which must all be cached.

@@ -252,6 +252,8 @@ class Req:
     # path when it ends (seconds, already cut to the engine's retain_max_s).
     program: str = ""
     retain_s: float = 0.0
+    # Speculative decoding's state for it (runtime/speculative/drafter.py), once it drafts.
+    drafting: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -700,7 +700,7 @@ def sample(
         raise ValueError(
             f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}"
         )
-    n, vocab = logits.shape
+    n = logits.shape[0]
     if n == 0:
         return SampleOutput([], [], [])
     if plain_greedy:
@@ -712,28 +712,9 @@ def sample(
     if plain and all(p.is_greedy for p in params):
         return SampleOutput(_argmax(logits).tolist(), [None] * n, [None] * n)
 
-    want_lp = [p.return_logprob for p in params]
-    modify = (
-        [False] * n
-        if plain
-        else [
-            r.allowed_mask is not None
-            or _stop_masked(r)
-            or uses_penalties(r.params)
-            or bool(r.params.logit_bias)
-            for r in rows
-        ]
-    )
     greedy = [p.is_greedy for p in params]
-
     raw = logits if logits.dtype == torch.float32 else logits.float()
-    x = raw
-    if any(modify):
-        # Copy so the caller's logits and the raw logprobs below stay untouched.
-        x = raw.clone()
-        _apply_bias(x, rows)
-        _apply_masks(x, rows)
-        _apply_penalties(x, rows)
+    x = raw if plain else processed_logits(raw, rows)
 
     greedy_idx = [i for i in range(n) if greedy[i]]
     sampled_idx = [i for i in range(n) if not greedy[i]]
@@ -762,10 +743,37 @@ def sample(
             else:
                 tokens[torch.tensor(idx, device=x.device)] = picked
 
+    return with_logprobs(raw, params, tokens)
+
+
+def processed_logits(raw: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """``raw`` (float32 ``[len(rows), vocab]``) with each row's logit bias, masks and penalties
+    applied: a copy where any row has one, else ``raw`` itself."""
+    if not any(
+        r.allowed_mask is not None
+        or _stop_masked(r)
+        or uses_penalties(r.params)
+        or bool(r.params.logit_bias)
+        for r in rows
+    ):
+        return raw
+    x = raw.clone()  # the caller's logits and the raw logprobs stay untouched
+    _apply_bias(x, rows)
+    _apply_masks(x, rows)
+    _apply_penalties(x, rows)
+    return x
+
+
+def with_logprobs(
+    raw: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor
+) -> SampleOutput:
+    """The chosen ``tokens`` (one per row of ``raw``), with the logprobs of the RAW logits
+    (and the top ones) for the rows that asked for them."""
+    n, vocab = raw.shape
     token_ids = tokens.tolist()
     logprobs: list[float | None] = [None] * n
     top_logprobs: list[list[tuple[int, float]] | None] = [None] * n
-    lp_idx = [i for i in range(n) if want_lp[i]]
+    lp_idx = [i for i in range(n) if params[i].return_logprob]
     if lp_idx:
         lp = torch.log_softmax(_rows(raw, lp_idx), dim=1)
         chosen_ids = _rows(tokens.unsqueeze(1), lp_idx)
@@ -781,3 +789,46 @@ def sample(
                 if k > 0:
                     top_logprobs[i] = list(zip(top_i[j][:k], top_v[j][:k], strict=True))
     return SampleOutput(token_ids, logprobs, top_logprobs)
+
+
+def target_probs(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The distribution each sampled row of ``x`` (processed logits: see
+    :func:`processed_logits`) draws from: temperature, then top-k, top-p and min-p applied
+    jointly as :func:`sample` applies them, the tokens they cut at zero. Rows are not
+    renormalised (a pick scales by the row's total). A new tensor, float32 ``[rows, vocab]``."""
+    probs = _probs(x, params).clone()  # _probs may hand back a reused buffer
+    vocab = probs.shape[1]
+    for i, p in enumerate(params):
+        if not (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0):
+            continue
+        row = probs[i]
+        # The k best first (a full sort only when the nucleus may reach past the candidates).
+        k = min(p.top_k if p.top_k > 0 else _NUCLEUS_CANDIDATES, vocab)
+        vals, idx = torch.topk(row, k)
+        keep = k
+        if p.top_p < 1.0:
+            cdf = torch.cumsum(vals, 0)
+            keep = min(keep, int(((cdf - vals) < p.top_p).sum()))
+            if keep == k and p.top_k <= 0 and k < vocab:
+                vals, idx = torch.sort(row, descending=True, stable=True)
+                cdf = torch.cumsum(vals, 0)
+                keep = int(((cdf - vals) < p.top_p).sum())
+        if p.min_p > 0:
+            keep = min(keep, int((vals >= vals[0] * p.min_p).sum()))
+        keep = max(keep, 1)
+        cut = torch.zeros_like(row)
+        cut[idx[:keep]] = vals[:keep]
+        probs[i] = cut
+    return probs
+
+
+def draw_uniform(rows: Sequence[SamplingRow], shared: torch.Generator | None) -> torch.Tensor:
+    """One uniform in [0, 1) per row, from each row's own generator or ``shared``."""
+    return _draw(rows, shared)
+
+
+def pick_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF in vocab order: per row of ``probs`` (not necessarily normalised, some mass
+    in each) the token where the cumulative mass first exceeds ``u`` times the row's total."""
+    cdf = torch.cumsum(probs, dim=1)
+    return _pick(cdf, cdf[:, -1:], u.to(probs.device)).clamp_(max=probs.shape[1] - 1)

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from radixlang.runtime.block_pool import (
     RELEASED,
@@ -74,11 +75,14 @@ class SchedulePolicy(enum.StrEnum):
 
 @dataclass
 class Chunk:
-    """Compute ``req.tokens[start:end]`` in the next forward pass."""
+    """Compute ``req.tokens[start:end]`` in the next forward pass, then ``draft``: tokens
+    proposed to follow (speculative decoding; a decode only), whose KV is written after the
+    request's and kept only for the ones verification accepts."""
 
     req: Req
     start: int
     end: int
+    draft: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
@@ -105,6 +109,18 @@ class SchedulerCounters:
     steps: int = 0
 
 
+class DraftPlanner(Protocol):
+    """Speculative decoding's drafts for a step (``runtime/speculative/drafter.py``)."""
+
+    def plan(self, reqs: list[Req], budget: int) -> dict[Req, list[int]]:
+        """Drafts for some of ``reqs`` (decoding requests), at most ``budget`` tokens in all."""
+        ...
+
+    def wants_tokens(self, reqs: list[Req]) -> bool:
+        """Whether some of ``reqs`` would draft if their last tokens were known."""
+        ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -116,6 +132,7 @@ class Scheduler:
         defer_min_shared_tokens: int = 1,
         sliding_window: int | None = None,
         preemption: Preemption | str = Preemption.RECOMPUTE,
+        drafter: DraftPlanner | None = None,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
@@ -145,6 +162,8 @@ class Scheduler:
         # blocks before it (see _release_dead_blocks), so the pool bounds the window, not the
         # context.
         self.sliding_window = sliding_window
+        # Speculative decoding: decodes may compute a draft after their token (see _draft).
+        self.drafter = drafter
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.new_token_ratio = INITIAL_NEW_TOKEN_RATIO
@@ -183,9 +202,14 @@ class Scheduler:
                 plan.append((req, self._chunk_len(req, budget)))
                 budget -= plan[-1][1]
         plan = self._secure_blocks(plan, out)
+        drafts = self._draft(plan, budget) if self.drafter is not None else {}
+        budget -= sum(map(len, drafts.values()))
         if budget > 0 and self.waiting:
             self._admit(plan, budget, out)
-        out.chunks = [Chunk(req, req.num_computed, req.num_computed + n) for req, n in plan]
+        out.chunks = [
+            Chunk(req, req.num_computed, req.num_computed + n, drafts.get(req, []))
+            for req, n in plan
+        ]
         if out.chunks:
             self.counters.steps += 1
             self.new_token_ratio = max(
@@ -211,6 +235,24 @@ class Scheduler:
             self._cache_progress(req)
         if self.sliding_window is not None:
             self._release_dead_blocks(req, self.sliding_window)
+
+    def commit_draft(self, req: Req) -> None:
+        """One more of ``req``'s tokens is computed: the draft token after its last computed
+        one, which verification accepted (its KV was written by the step's forward)."""
+        req.num_computed += 1
+        if req.num_computed > req.high_water:
+            req.high_water = req.num_computed
+        self._serve(req, 1)
+        if self.sliding_window is not None:
+            self._release_dead_blocks(req, self.sliding_window)
+
+    def drop_draft_blocks(self, req: Req) -> None:
+        """After verification: give back the blocks ``req`` took for draft tokens it did not
+        keep (beyond its computed tokens and the one it computes next)."""
+        keep = blocks_for(req.num_computed + 1, self.block_size)
+        if len(req.blocks) > keep:
+            self.pool.decref(req.blocks[keep:])
+            del req.blocks[keep:]
 
     def finish(self, req: Req, reason: FinishReason, cache_kv: bool = True) -> None:
         """Release everything ``req`` holds; its computed KV stays in the cache (retained
@@ -276,6 +318,27 @@ class Scheduler:
         for req in failed:  # its KV stays in the cache; it is admitted again when there is room
             self.retract(req)
         return [(r, n) for r, n in plan if r not in failed] if failed else plan
+
+    def _draft(self, plan: list[tuple[Req, int]], budget: int) -> dict[Req, list[int]]:
+        """The drafts of the planned decodes, with the blocks they write: taken from the free
+        blocks only (a draft never evicts a cached prefix or retracts a request), a draft cut
+        to the slots its request holds where the pool has too few."""
+        assert self.drafter is not None
+        decodes = [req for req, n in plan if n == 1]
+        if not decodes:
+            return {}
+        bs = self.block_size
+        drafts = {}
+        for req, draft in self.drafter.plan(decodes, budget).items():
+            need = blocks_for(req.num_computed + 1 + len(draft), bs) - len(req.blocks)
+            if need > 0:
+                if need <= self.pool.num_free:
+                    req.blocks += self.pool.alloc(need)
+                else:
+                    draft = draft[: len(req.blocks) * bs - req.num_computed - 1]
+            if draft:
+                drafts[req] = draft
+        return drafts
 
     def _unpin_stale_blocks(self, req: Req) -> bool:
         """Free the cached blocks that only ``req``'s locked path pins; whether any were.

@@ -137,9 +137,15 @@ class Overlapped:
         decodes is launched, and then step N's tokens are taken. A step with a prefill chunk,
         or a request that needs each token before the next schedule, runs after a fence."""
         new_tokens = 0
-        if self._sync_rids or self.inflight is None:
-            # Nothing to overlap with, or a request that needs each token before the next
-            # schedule: the previous step's tokens first.
+        drafter = self.host.scheduler.drafter
+        if (
+            self._sync_rids
+            or self.inflight is None
+            or (drafter is not None and drafter.wants_tokens(self.host.scheduler.running))
+        ):
+            # Nothing to overlap with, a request that needs each token before the next
+            # schedule, or one that drafts (from its tokens, all known): the previous step's
+            # tokens first.
             new_tokens = self.fence()
             if not self.host.scheduler.has_work():
                 self.host._account(started, new_tokens)
@@ -283,5 +289,10 @@ def needs_each_token(req: Req) -> bool:
 
 
 def _plain_decode(chunk: Chunk) -> bool:
-    """One token after the prompt: a step of these can be submitted without waiting."""
-    return chunk.end - chunk.start == 1 and chunk.start >= len(chunk.req.prompt_ids)
+    """One token after the prompt, no draft: a step of these can be submitted without
+    waiting."""
+    return (
+        chunk.end - chunk.start == 1
+        and chunk.start >= len(chunk.req.prompt_ids)
+        and not chunk.draft
+    )

@@ -127,12 +127,19 @@ class Sub:
 
 
 class EngineMachine(RuleBasedStateMachine):
-    def __init__(self, folder, shared: dict) -> None:
+    def __init__(self, folder, shared: dict, speculative: str = "off") -> None:
         super().__init__()
         self.folder = folder
+        # With speculative decoding on, the engine under test drafts (deterministic mode, so
+        # that a verified token's logits are bitwise a decode's); the reference does not.
+        self.speculative = speculative
+        self.extra = (
+            {"speculative": "ngram", "deterministic": True} if speculative != "off" else {}
+        )
         # Shared across programs: num_blocks -> reference engine, and the results run alone.
         self.references = shared.setdefault("engines", {})
         self.alone_cache = shared.setdefault("alone", {})
+        self.shared = shared
         self.eng: Engine | None = None
         self.subs: list[Sub] = []
         self.held: list[int] = []
@@ -152,6 +159,7 @@ class EngineMachine(RuleBasedStateMachine):
             max_batch_tokens=max_batch_tokens,
             max_running_requests=max_running,
             schedule_policy=policy,
+            **self.extra,
         )
         scheduler = self.eng.scheduler
         own = scheduler.external_refs
@@ -170,7 +178,10 @@ class EngineMachine(RuleBasedStateMachine):
         if key not in self.alone_cache:
             ref = self.references.get(num_blocks)
             if ref is None:
-                ref = self.references[num_blocks] = engine(self.folder, num_blocks=num_blocks)
+                deterministic = bool(self.extra)
+                ref = self.references[num_blocks] = engine(
+                    self.folder, num_blocks=num_blocks, deterministic=deterministic
+                )
             ref.flush_cache()
             self.alone_cache[key] = ref.generate(prompt, params)
             ref.check_integrity()
@@ -428,6 +439,10 @@ class EngineMachine(RuleBasedStateMachine):
             assert eng.cache.cached_tokens == 0 and eng.cache.protected_size() == 0
             assert eng.pool.num_free == eng.pool.num_blocks, "KV blocks leaked"
             eng.pool.check_integrity({})
+            if self.extra:  # what speculation did, over all programs (checked at the end)
+                stats = eng.stats()
+                for key in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens"):
+                    self.shared[key] = self.shared.get(key, 0) + stats[key]
         finally:
             eng.shutdown(free_cache=True)
 
@@ -446,7 +461,8 @@ def folder(tmp_path_factory):
     return make_tiny_llama_with_tokenizer(folder, max_position_embeddings=256)
 
 
-def test_engine_state_machine(folder, monkeypatch):
+@pytest.mark.parametrize("speculative", ["off", "ngram"])
+def test_engine_state_machine(folder, monkeypatch, speculative):
     tokenizers: dict = {}
 
     def shared_tokenizer(files):  # each engine would spend 0.5 s parsing the same files
@@ -458,7 +474,7 @@ def test_engine_state_machine(folder, monkeypatch):
     shared: dict = {}
     try:
         run_state_machine_as_test(
-            lambda: EngineMachine(folder, shared),
+            lambda: EngineMachine(folder, shared, speculative),
             settings=settings(
                 max_examples=40 * SCALE,
                 stateful_step_count=40,
@@ -469,3 +485,6 @@ def test_engine_state_machine(folder, monkeypatch):
     finally:
         for ref in shared.get("engines", {}).values():
             ref.shutdown()
+    if speculative != "off":  # drafts were verified, and some rejected and some accepted
+        assert shared["spec_verify_steps"] > 20, shared
+        assert 0 < shared["spec_accepted_tokens"] < shared["spec_draft_tokens"], shared

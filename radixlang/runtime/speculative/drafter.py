@@ -1,0 +1,216 @@
+"""Which tokens each decoding request drafts in a step, and how many.
+
+A request's draft is, in order of trust: what the radix cache holds after exactly its tokens
+(an earlier request of the same salt that wrote the same text and went on: a repeated prompt,
+a regenerated answer, siblings that agree so far); else the continuation of the longest suffix
+(2..5 tokens) that occurred before in its own prompt and output; else in the text of another
+recent request of the same salt (siblings writing side by side, an earlier program run).
+
+How many tokens: each request keeps an estimate ``a`` of how often its draft tokens are
+accepted (decayed counts, pulled back towards a prior while it does not draft, so a request
+that stopped drafting tries again later). Its ``j``-th draft token is worth ``a ** j`` expected
+tokens; the step's tokens are added best first while one is worth more than it costs, i.e.
+while ``a ** j`` exceeds the step's tokens per second times the seconds one more token adds
+(``step_cost.py``). Alone on a CPU nearly any match is worth drafting; in a batch of 32 only
+confident ones are, and on a busy step none.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+from radixlang.runtime.radix_cache import RadixCache
+from radixlang.runtime.request import Req
+from radixlang.runtime.speculative.ngram_index import MAX_NGRAM, NgramIndex
+from radixlang.runtime.speculative.step_cost import StepCost
+
+# Acceptance prior: a new request's draft tokens are taken as accepted this often, with the
+# weight of this many verified tokens.
+PRIOR_ACCEPTANCE = 0.6
+PRIOR_WEIGHT = 2.0
+DECAY = 0.8  # per verification: older evidence fades
+IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back to the prior
+# The recent requests of a salt whose text drafts others' tokens.
+SHARED_SEQUENCES = 16
+
+
+@dataclass
+class DraftState:
+    """A request's drafting state (kept on its ``Req``)."""
+
+    index: NgramIndex
+    accepted: float = 0.0  # decayed count of draft tokens accepted
+    tried: float = 0.0  # decayed count of draft tokens verified
+    last_draft: int = 0  # tokens drafted in its last step
+
+    @property
+    def acceptance(self) -> float:
+        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+
+
+@dataclass
+class DraftCounters:
+    verify_steps: int = 0  # steps that verified at least one draft
+    draft_tokens: int = 0  # draft tokens verified
+    accepted_tokens: int = 0  # of those, taken
+    drafting_requests: int = 0  # requests' verifications (a step counts each request)
+    proposals: int = 0  # requests that found a draft in a step
+    planned_out: int = 0  # of those, given no tokens by the cost rule
+
+
+class Drafter:
+    """Drafts for a step's decoding requests (``plan``) and learns from their verification
+    (``verified``)."""
+
+    def __init__(self, cache: RadixCache, cost: StepCost, max_draft: int) -> None:
+        self.cache = cache
+        self.cost = cost
+        self.max_draft = max_draft
+        self.counters = DraftCounters()
+        # Per salt, the recent requests' indexes, most recently drafted last.
+        self._shared: dict[str, collections.OrderedDict[int, NgramIndex]] = {}
+
+    # ---- a step's drafts -------------------------------------------------------------------
+    def plan(self, reqs: list[Req], budget: int) -> dict[Req, list[int]]:
+        """The drafts for ``reqs`` (decoding requests of the coming step), at most ``budget``
+        tokens in all; requests without one are left out."""
+        proposals: list[tuple[Req, DraftState, list[int]]] = []
+        for req in reqs:
+            if not self.eligible(req):
+                continue
+            state = self._state(req)
+            draft = self.propose(req, state)
+            if draft:
+                proposals.append((req, state, draft))
+            else:
+                _idle(state)
+        if not proposals or budget <= 0:
+            return {}
+        self.counters.proposals += len(proposals)
+        seqs = len(reqs)
+        seconds = self.cost.seconds(seqs, seqs)
+        per_token = self.cost.per_token
+        tokens_out = float(seqs)
+        # Best first: each request's next draft token, worth acceptance ** position.
+        heap = [(-s.acceptance, n, 1) for n, (_, s, _) in enumerate(proposals)]
+        heapq.heapify(heap)
+        counts = [0] * len(proposals)
+        while heap and budget > 0:
+            neg_gain, n, position = heapq.heappop(heap)
+            gain = -neg_gain
+            if gain * seconds <= per_token * tokens_out:
+                break  # worth less than it costs; every later one is worth less still
+            counts[n] = position
+            seconds += per_token
+            tokens_out += gain
+            budget -= 1
+            _, state, draft = proposals[n]
+            if position < min(len(draft), self.max_draft):
+                heapq.heappush(heap, (-(state.acceptance ** (position + 1)), n, position + 1))
+        planned: dict[Req, list[int]] = {}
+        for (req, state, draft), count in zip(proposals, counts, strict=True):
+            state.last_draft = count
+            if count:
+                planned[req] = draft[:count]
+            else:
+                self.counters.planned_out += 1
+                _idle(state)
+        return planned
+
+    def eligible(self, req: Req) -> bool:
+        """Whether ``req`` may draft now: it is decoding (an output token to extend, none still
+        being sampled), with room for two more tokens, no beams, and not a seeded sample (a
+        seed's samples stay those of decoding without drafts)."""
+        return (
+            req.beam is None
+            and req.num_output >= 1
+            and req.tokens[-1] >= 0
+            and req.num_output + 1 < req.output_limit
+            and (req.generator is None or req.params.is_greedy)
+        )
+
+    def propose(self, req: Req, state: DraftState) -> list[int]:
+        """Up to ``max_draft`` tokens that may follow ``req``'s tokens (see the module)."""
+        limit = min(self.max_draft, req.output_limit - req.num_output - 1)
+        tokens = req.tokens
+        handle = req.handle
+        if handle is not None and handle.valid:
+            draft = self.cache.continuation(handle, tokens[handle.length :], limit)
+            if draft:
+                return draft
+        index = state.index
+        index.update()
+        self._touch(req, index)
+        suffix = tokens[-MAX_NGRAM:]
+        best_n, best_at = index.find(suffix)
+        best = index
+        for other in reversed(self._shared.get(req.cache_salt, {}).values()):
+            if other is index or best_n == MAX_NGRAM:
+                continue
+            other.update()
+            n, at = other.find(suffix)
+            if n > best_n:
+                best_n, best_at, best = n, at, other
+        if not best_n:
+            return []
+        return best.continuation(best_at, limit)
+
+    # ---- after verification -------------------------------------------------------------
+    def verified(self, req: Req, drafted: int, accepted: int, rejected: bool) -> None:
+        """``req``'s ``drafted`` tokens were verified: the first ``accepted`` taken, and the
+        next one ``rejected`` (False when the request ended, or its draft ran out, first)."""
+        state = self._state(req)
+        state.accepted = DECAY * state.accepted + accepted
+        state.tried = DECAY * state.tried + accepted + int(rejected)
+        c = self.counters
+        c.draft_tokens += drafted
+        c.accepted_tokens += accepted
+        c.drafting_requests += 1
+
+    def wants_tokens(self, reqs: list[Req]) -> bool:
+        """Whether some request drafted in its last step (overlapped scheduling waits for
+        its tokens, so that it can draft again)."""
+        return any(isinstance(r.drafting, DraftState) and r.drafting.last_draft > 0 for r in reqs)
+
+    def stats(self) -> dict[str, float | int]:
+        c = self.counters
+        return {
+            "spec_verify_steps": c.verify_steps,
+            "spec_draft_tokens": c.draft_tokens,
+            "spec_accepted_tokens": c.accepted_tokens,
+            "spec_accept_rate": c.accepted_tokens / c.draft_tokens if c.draft_tokens else 0.0,
+            # Tokens a request takes from one verification: its accepted drafts and one more.
+            "spec_tokens_per_verify": (
+                (c.accepted_tokens + c.drafting_requests) / c.drafting_requests
+                if c.drafting_requests
+                else 0.0
+            ),
+            "spec_cost_per_token_ms": 1e3 * self.cost.per_token,
+        }
+
+    def reset_stats(self) -> None:
+        self.counters = DraftCounters()
+
+    # ---- state ---------------------------------------------------------------------------
+    def _state(self, req: Req) -> DraftState:
+        state: Any = req.drafting
+        if state is None:
+            state = req.drafting = DraftState(NgramIndex(req.tokens))
+        return state
+
+    def _touch(self, req: Req, index: NgramIndex) -> None:
+        shared = self._shared.setdefault(req.cache_salt, collections.OrderedDict())
+        key = id(index)
+        shared[key] = index
+        shared.move_to_end(key)
+        while len(shared) > SHARED_SEQUENCES:
+            shared.popitem(last=False)
+
+
+def _idle(state: DraftState) -> None:
+    state.accepted *= IDLE_DECAY
+    state.tried *= IDLE_DECAY
+    state.last_draft = 0
