@@ -183,9 +183,14 @@ class LlamaServer:
         threads: int = THREADS,
         startup_timeout: float = 180.0,
         ctx_per_slot: int = CTX_PER_SLOT,
+        slots: int = SLOTS,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
-        self.command = server_command(binary, gguf, self.port, threads, ctx_per_slot=ctx_per_slot)
+        self.command = [
+            *server_command(binary, gguf, self.port, threads, slots, ctx_per_slot),
+            *extra_args,
+        ]
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None

@@ -519,6 +519,8 @@ class Engine:
         if self.scheduler.has_work():
             return len(self.scheduler.running), len(self.scheduler.waiting)
         self.cache.flush()
+        if self.drafter is not None:  # the other requests' text it drafts from goes too
+            self.drafter.forget()
         return None
 
     def check_integrity(self) -> None:

@@ -201,6 +201,8 @@ class ModelRunner:
         """Compute the sequences' tokens in one packed pass and store their K/V."""
         if not seqs:
             raise BatchError("a forward pass needs at least one sequence")
+        if any(seq.all_logits for seq in seqs):
+            return self._forward_as_decodes(seqs)
         if self.cuda_graphs and all(len(q.tokens) == 1 and not q.return_logprobs for q in seqs):
             return self.run_decode(self.prepare_decode(seqs))  # a replay where one fits
         # Extends first, then decodes: attention runs each group with its own kernel.
@@ -246,6 +248,38 @@ class ModelRunner:
                     values, ids = scores.topk(min(seq.top_logprobs, scores.shape[1]), dim=-1)
                     top[index] = (values, ids)
         return ForwardOutput(last, logprobs, top, token_logits)
+
+    def _forward_as_decodes(self, seqs: Sequence[SequenceInput]) -> ForwardOutput:
+        """:meth:`forward` for a batch with ``all_logits`` sequences (drafts to verify): each
+        of their tokens is computed as a decode of its own, one query over the positions up to
+        it (a layer stores every token's K/V before any attends, so a token sees the ones
+        before it in the same pass). The decode kernel then serves the whole step, and a
+        token's logits are computed as a decode step would compute them."""
+        flat: list[SequenceInput] = []
+        spans: list[tuple[int, int]] = []
+        for seq in seqs:
+            if not seq.all_logits:
+                spans.append((len(flat), len(flat) + 1))
+                flat.append(seq)
+                continue
+            if seq.return_logprobs:
+                raise BatchError("all_logits does not go with return_logprobs")
+            start = len(flat)
+            for j, token in enumerate(seq.tokens):
+                flat.append(SequenceInput([token], seq.prefix_len + j, seq.block_table))
+            spans.append((start, len(flat)))
+        out = self.forward(flat)
+        last = [end - 1 for _, end in spans]
+        logits = out.logits.index_select(0, torch.tensor(last, device=out.logits.device))
+        token_logits: list[torch.Tensor | None] = [None] * len(seqs)
+        logprobs: list[torch.Tensor | None] = [None] * len(seqs)
+        top: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(seqs)
+        for i, (seq, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
+            if seq.all_logits:
+                token_logits[i] = out.logits[start:end]
+            else:
+                logprobs[i], top[i] = out.prompt_logprobs[start], out.prompt_top_logprobs[start]
+        return ForwardOutput(logits, logprobs, top, token_logits)
 
     def _check(self, seq: SequenceInput) -> None:
         n = len(seq.tokens)

@@ -112,8 +112,9 @@ class SchedulerCounters:
 class DraftPlanner(Protocol):
     """Speculative decoding's drafts for a step (``runtime/speculative/drafter.py``)."""
 
-    def plan(self, reqs: list[Req], budget: int) -> dict[Req, list[int]]:
-        """Drafts for some of ``reqs`` (decoding requests), at most ``budget`` tokens in all."""
+    def plan(self, reqs: list[Req], budget: int, closed: bool) -> dict[Req, list[int]]:
+        """Drafts for some of ``reqs`` (decoding requests), at most ``budget`` tokens in all;
+        ``closed``: no request waits to be admitted."""
         ...
 
     def wants_tokens(self, reqs: list[Req]) -> bool:
@@ -329,7 +330,8 @@ class Scheduler:
             return {}
         bs = self.block_size
         drafts = {}
-        for req, draft in self.drafter.plan(decodes, budget).items():
+        closed = not self.waiting  # nothing to admit when a request ends sooner
+        for req, draft in self.drafter.plan(decodes, budget, closed).items():
             need = blocks_for(req.num_computed + 1 + len(draft), bs) - len(req.blocks)
             if need > 0:
                 if need <= self.pool.num_free:

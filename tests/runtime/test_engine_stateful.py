@@ -133,9 +133,7 @@ class EngineMachine(RuleBasedStateMachine):
         # With speculative decoding on, the engine under test drafts (deterministic mode, so
         # that a verified token's logits are bitwise a decode's); the reference does not.
         self.speculative = speculative
-        self.extra = (
-            {"speculative": "ngram", "deterministic": True} if speculative != "off" else {}
-        )
+        self.extra = {"speculative": "ngram", "deterministic": True} if speculative != "off" else {}
         # Shared across programs: num_blocks -> reference engine, and the results run alone.
         self.references = shared.setdefault("engines", {})
         self.alone_cache = shared.setdefault("alone", {})

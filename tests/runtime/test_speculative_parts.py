@@ -18,7 +18,7 @@ from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.sampling import SamplingParams, SamplingRow, target_probs
 from radixlang.runtime.speculative import acceptance
 from radixlang.runtime.speculative.acceptance import NO_DRAFT, sample_with_drafts
-from radixlang.runtime.speculative.drafter import DraftState, Drafter
+from radixlang.runtime.speculative.drafter import KIND_NAMES, Drafter, DraftState
 from radixlang.runtime.speculative.ngram_index import NgramIndex
 from radixlang.runtime.speculative.step_cost import StepCost
 
@@ -54,11 +54,13 @@ def test_ngram_index_updates_lazily_as_the_sequence_grows():
     assert index.continuation(at, 10) == [7, 8, 5, 6]
 
 
-def test_ngram_index_matches_two_tokens_at_least():
-    tokens = [4, 1, 4, 2, 4]
+def test_ngram_index_falls_back_to_one_token():
+    tokens = [4, 1, 4, 2, 6, 2, 4]
     index = NgramIndex(tokens)
     index.update()
-    assert index.find(tokens) == (0, -1)  # [4] alone recurs, but one token predicts little
+    # No two-token suffix recurs ([2, 4] never occurred before); [4] alone did, latest at 2.
+    n, at = index.find(tokens)
+    assert (n, at) == (1, 3) and index.continuation(at, 3) == [2, 6, 2]
 
 
 # ---- the radix cache's continuation ----------------------------------------------------------
@@ -107,21 +109,24 @@ class _Req(SimpleNamespace):
     __hash__ = object.__hash__  # a dict key by identity, as a Req is
 
 
-def _decoding(tokens: list[int], rid: int, acceptance: float):
+def _decoding(
+    tokens: list[int], rid: int, acceptance: float, num_output: int = 1, ignore_eos=False
+):
     """A stand-in for a decoding request whose own text drafts (``acceptance`` its estimate)."""
     req = _Req(
         beam=None,
-        num_output=1,
+        num_output=num_output,
         tokens=tokens,
         output_limit=100,
         generator=None,
-        params=SamplingParams(temperature=0),
+        params=SamplingParams(temperature=0, ignore_eos=ignore_eos),
         handle=None,
         cache_salt="",
         rid=rid,
     )
     state = req.drafting = DraftState(NgramIndex(tokens))
-    state.accepted, state.tried = 1000 * acceptance, 1000.0
+    state.accepted = [1000 * acceptance] * len(KIND_NAMES)  # every kind of draft alike
+    state.tried = [1000.0] * len(KIND_NAMES)
     return req
 
 
@@ -136,8 +141,8 @@ def _decoding(tokens: list[int], rid: int, acceptance: float):
 def test_the_cost_rule_drafts_what_pays(batch, acceptance, drafted):
     drafter = Drafter(RadixCache(BlockPool(8, 4)), StepCost(), max_draft=8)
     pattern = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
-    reqs = [_decoding(pattern + [3, 4], i, acceptance) for i in range(batch)]
-    plan = drafter.plan(reqs, budget=10_000)
+    reqs = [_decoding([*pattern, 3, 4], i, acceptance) for i in range(batch)]
+    plan = drafter.plan(reqs, budget=10_000, closed=False)
     assert bool(plan) is drafted
     for draft in plan.values():
         assert draft == pattern[2 : 2 + len(draft)]
@@ -145,12 +150,31 @@ def test_the_cost_rule_drafts_what_pays(batch, acceptance, drafted):
         assert max(map(len, plan.values())) >= 4  # confident: several tokens
 
 
+def test_a_batch_that_runs_to_its_length_limit_drafts_only_where_a_step_is_saved():
+    """Forked samples that ignore EOS end together: a request ahead of the others gains
+    nothing from drafts; of several furthest behind, each needs all the others to take a
+    token too, so unsure ones do not draft at all."""
+    drafter = Drafter(RadixCache(BlockPool(8, 4)), StepCost(), max_draft=8)
+    tokens = [3, 4, 5, 6, 7, 8, 3, 4]
+    tied = [_decoding(list(tokens), i, 0.5, num_output=10, ignore_eos=True) for i in range(8)]
+    assert drafter.plan(tied, budget=10_000, closed=True) == {}
+    # Open (requests wait to be admitted): every finished request makes room; they draft.
+    assert len(drafter.plan(tied, budget=10_000, closed=False)) == 8
+    # One laggard, the rest ahead: only the laggard drafts.
+    laggard = _decoding(list(tokens), 9, 0.5, num_output=5, ignore_eos=True)
+    plan = drafter.plan([*tied, laggard], budget=10_000, closed=True)
+    assert list(plan) == [laggard]
+    # Sure ones, tied: all of them draft.
+    sure = [_decoding(list(tokens), i, 0.99, num_output=10, ignore_eos=True) for i in range(4)]
+    assert len(drafter.plan(sure, budget=10_000, closed=True)) == 4
+
+
 def test_a_request_that_stops_drafting_tries_again_later():
     drafter = Drafter(RadixCache(BlockPool(8, 4)), StepCost(), max_draft=8)
     pattern = [3, 4, 5, 6, 7, 8]
-    reqs = [_decoding(pattern + [3, 4], i, 0.01) for i in range(32)]
+    reqs = [_decoding([*pattern, 3, 4], i, 0.01) for i in range(32)]
     steps = 0
-    while not drafter.plan(reqs, budget=10_000):
+    while not drafter.plan(reqs, budget=10_000, closed=False):
         steps += 1
         assert steps < 500, "a request that stopped drafting never tried again"
     assert steps > 10

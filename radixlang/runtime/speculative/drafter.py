@@ -6,20 +6,27 @@ a regenerated answer, siblings that agree so far); else the continuation of the 
 (2..5 tokens) that occurred before in its own prompt and output; else in the text of another
 recent request of the same salt (siblings writing side by side, an earlier program run).
 
-How many tokens: each request keeps an estimate ``a`` of how often its draft tokens are
-accepted (decayed counts, pulled back towards a prior while it does not draft, so a request
-that stopped drafting tries again later). Its ``j``-th draft token is worth ``a ** j`` expected
-tokens; the step's tokens are added best first while one is worth more than it costs, i.e.
-while ``a ** j`` exceeds the step's tokens per second times the seconds one more token adds
-(``step_cost.py``). Alone on a CPU nearly any match is worth drafting; in a batch of 32 only
-confident ones are, and on a busy step none.
+How many tokens: each request keeps, per kind of draft (from the cache, or a suffix of 3 or
+more tokens, of 2, of 1), an estimate ``a`` of how often such draft tokens are accepted
+(decayed counts, pulled back towards a prior while it does not draft, so a request that stopped
+drafting tries again later). Its ``j``-th draft token is worth ``a ** j`` expected tokens; the
+step's tokens are added best first while one is worth more than ``MARGIN`` times what it costs:
+the step's tokens per second times the seconds one more token adds (``step_cost.py``). Alone
+on a CPU nearly any match is worth drafting; in a batch of 32 only confident ones are.
+
+When nothing waits to be admitted and every request runs to its length limit (EOS ignored:
+forked samples, a tree of thoughts), the batch ends when the requests furthest behind do: a
+token that puts another request further ahead saves nothing, and one of theirs saves a step
+only when all of them take one. Only they draft then, each token worth the chance that all of
+them take it. (Where a request may end at EOS, its end is not known; tokens keep their worth.)
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixlang.runtime.radix_cache import RadixCache
@@ -27,14 +34,22 @@ from radixlang.runtime.request import Req
 from radixlang.runtime.speculative.ngram_index import MAX_NGRAM, NgramIndex
 from radixlang.runtime.speculative.step_cost import StepCost
 
-# Acceptance prior: a new request's draft tokens are taken as accepted this often, with the
-# weight of this many verified tokens.
-PRIOR_ACCEPTANCE = 0.6
+# Kinds of draft, most trusted first: the cache's path after exactly the request's tokens, then
+# the continuation of a suffix of 3 or more tokens, of 2, of 1.
+CACHE, LONG, SHORT, ONE = range(4)
+KIND_NAMES = ("cache", "suffix3", "suffix2", "suffix1")
+# Acceptance priors per kind: a request's first drafts of a kind are taken as accepted this
+# often, with the weight of this many verified tokens.
+PRIOR_ACCEPTANCE = (0.8, 0.6, 0.45, 0.3)
 PRIOR_WEIGHT = 2.0
 DECAY = 0.8  # per verification: older evidence fades
 IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back to the prior
 # The recent requests of a salt whose text drafts others' tokens.
 SHARED_SEQUENCES = 16
+# A draft token must be worth this many times what it costs: the rule's estimates are rough
+# (acceptance varies within a request; a step's cost is fitted), and a draft that does not pay
+# slows every request in the step.
+MARGIN = float(__import__("os").environ.get("SPEC_MARGIN", "1.0"))
 
 
 @dataclass
@@ -42,13 +57,18 @@ class DraftState:
     """A request's drafting state (kept on its ``Req``)."""
 
     index: NgramIndex
-    accepted: float = 0.0  # decayed count of draft tokens accepted
-    tried: float = 0.0  # decayed count of draft tokens verified
+    # Per kind of draft: decayed counts of draft tokens accepted, and verified.
+    accepted: list[float] = field(default_factory=lambda: [0.0] * len(KIND_NAMES))
+    tried: list[float] = field(default_factory=lambda: [0.0] * len(KIND_NAMES))
     last_draft: int = 0  # tokens drafted in its last step
+    last_kind: int = CACHE  # the kind of its last draft
 
-    @property
-    def acceptance(self) -> float:
-        return (self.accepted + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+    def acceptance(self, kind: int) -> float:
+        prior = PRIOR_ACCEPTANCE[kind] * PRIOR_WEIGHT
+        return (self.accepted[kind] + prior) / (self.tried[kind] + PRIOR_WEIGHT)
+
+    def best_acceptance(self) -> float:
+        return max(self.acceptance(kind) for kind in range(len(KIND_NAMES)))
 
 
 @dataclass
@@ -74,44 +94,63 @@ class Drafter:
         self._shared: dict[str, collections.OrderedDict[int, NgramIndex]] = {}
 
     # ---- a step's drafts -------------------------------------------------------------------
-    def plan(self, reqs: list[Req], budget: int) -> dict[Req, list[int]]:
+    def plan(self, reqs: list[Req], budget: int, closed: bool = False) -> dict[Req, list[int]]:
         """The drafts for ``reqs`` (decoding requests of the coming step), at most ``budget``
-        tokens in all; requests without one are left out."""
-        proposals: list[tuple[Req, DraftState, list[int]]] = []
-        for req in reqs:
-            if not self.eligible(req):
-                continue
-            state = self._state(req)
-            draft = self.propose(req, state)
-            if draft:
-                proposals.append((req, state, draft))
-            else:
-                _idle(state)
-        if not proposals or budget <= 0:
-            return {}
-        self.counters.proposals += len(proposals)
+        tokens in all; requests without one are left out. ``closed``: nothing waits to be
+        admitted (see the module)."""
+        proposals: list[tuple[Req, DraftState, list[int], float]] = []
+        behind = _furthest_behind(reqs) if closed else None
         seqs = len(reqs)
         seconds = self.cost.seconds(seqs, seqs)
         per_token = self.cost.per_token
+        if behind is not None and len(behind) > 1:
+            # Worth nothing unless all of them are likely to take a token: say so before
+            # looking for drafts (the best each could have).
+            best = math.prod(self._state(r).best_acceptance() for r in behind)
+            if best * seconds <= MARGIN * per_token * seqs:
+                return {}
+        for req in reqs:
+            if not self.eligible(req) or (behind is not None and req not in behind):
+                continue
+            state = self._state(req)
+            draft, kind = self.propose(req, state)
+            if draft:
+                state.last_kind = kind
+                proposals.append((req, state, draft, state.acceptance(kind)))
+            else:
+                _idle(state)
+        if behind is not None and proposals:
+            # A step is saved only when every request furthest behind takes a token: each
+            # one's first token is worth the chance that all the others take theirs.
+            if len(proposals) < len(behind):
+                return {}
+            alphas = [alpha for *_, alpha in proposals]
+            proposals = [
+                (req, state, draft, alpha * math.prod(alphas[:n] + alphas[n + 1 :]))
+                for n, (req, state, draft, alpha) in enumerate(proposals)
+            ]
+        if not proposals or budget <= 0:
+            return {}
+        self.counters.proposals += len(proposals)
         tokens_out = float(seqs)
         # Best first: each request's next draft token, worth acceptance ** position.
-        heap = [(-s.acceptance, n, 1) for n, (_, s, _) in enumerate(proposals)]
+        heap = [(-alpha, n, 1) for n, (_, _, _, alpha) in enumerate(proposals)]
         heapq.heapify(heap)
         counts = [0] * len(proposals)
         while heap and budget > 0:
             neg_gain, n, position = heapq.heappop(heap)
             gain = -neg_gain
-            if gain * seconds <= per_token * tokens_out:
+            if gain * seconds <= MARGIN * per_token * tokens_out:
                 break  # worth less than it costs; every later one is worth less still
             counts[n] = position
             seconds += per_token
             tokens_out += gain
             budget -= 1
-            _, state, draft = proposals[n]
+            _, state, draft, alpha = proposals[n]
             if position < min(len(draft), self.max_draft):
-                heapq.heappush(heap, (-(state.acceptance ** (position + 1)), n, position + 1))
+                heapq.heappush(heap, (-(alpha ** (position + 1)), n, position + 1))
         planned: dict[Req, list[int]] = {}
-        for (req, state, draft), count in zip(proposals, counts, strict=True):
+        for (req, state, draft, _), count in zip(proposals, counts, strict=True):
             state.last_draft = count
             if count:
                 planned[req] = draft[:count]
@@ -132,15 +171,16 @@ class Drafter:
             and (req.generator is None or req.params.is_greedy)
         )
 
-    def propose(self, req: Req, state: DraftState) -> list[int]:
-        """Up to ``max_draft`` tokens that may follow ``req``'s tokens (see the module)."""
+    def propose(self, req: Req, state: DraftState) -> tuple[list[int], int]:
+        """Up to ``max_draft`` tokens that may follow ``req``'s tokens (see the module), and
+        their kind."""
         limit = min(self.max_draft, req.output_limit - req.num_output - 1)
         tokens = req.tokens
         handle = req.handle
         if handle is not None and handle.valid:
             draft = self.cache.continuation(handle, tokens[handle.length :], limit)
             if draft:
-                return draft
+                return draft, CACHE
         index = state.index
         index.update()
         self._touch(req, index)
@@ -155,16 +195,18 @@ class Drafter:
             if n > best_n:
                 best_n, best_at, best = n, at, other
         if not best_n:
-            return []
-        return best.continuation(best_at, limit)
+            return [], ONE
+        kind = LONG if best_n >= 3 else SHORT if best_n == 2 else ONE
+        return best.continuation(best_at, limit), kind
 
     # ---- after verification -------------------------------------------------------------
     def verified(self, req: Req, drafted: int, accepted: int, rejected: bool) -> None:
         """``req``'s ``drafted`` tokens were verified: the first ``accepted`` taken, and the
         next one ``rejected`` (False when the request ended, or its draft ran out, first)."""
         state = self._state(req)
-        state.accepted = DECAY * state.accepted + accepted
-        state.tried = DECAY * state.tried + accepted + int(rejected)
+        kind = state.last_kind
+        state.accepted[kind] = DECAY * state.accepted[kind] + accepted
+        state.tried[kind] = DECAY * state.tried[kind] + accepted + int(rejected)
         c = self.counters
         c.draft_tokens += drafted
         c.accepted_tokens += accepted
@@ -194,6 +236,10 @@ class Drafter:
     def reset_stats(self) -> None:
         self.counters = DraftCounters()
 
+    def forget(self) -> None:
+        """Forget the finished requests' text (the cache was flushed)."""
+        self._shared.clear()
+
     # ---- state ---------------------------------------------------------------------------
     def _state(self, req: Req) -> DraftState:
         state: Any = req.drafting
@@ -210,7 +256,19 @@ class Drafter:
             shared.popitem(last=False)
 
 
+def _furthest_behind(reqs: list[Req]) -> set[Req] | None:
+    """In a batch of requests that all run to their length limit (EOS ignored: forked
+    samples, a tree of thoughts), the ones with the most tokens left, which decide when the
+    batch ends; None for any other batch."""
+    if not all(r.params.ignore_eos for r in reqs):
+        return None
+    left = [r.output_limit - r.num_output for r in reqs]
+    most = max(left)
+    return {r for r, n in zip(reqs, left, strict=True) if n == most}
+
+
 def _idle(state: DraftState) -> None:
-    state.accepted *= IDLE_DECAY
-    state.tried *= IDLE_DECAY
+    for kind in range(len(KIND_NAMES)):
+        state.accepted[kind] *= IDLE_DECAY
+        state.tried[kind] *= IDLE_DECAY
     state.last_draft = 0

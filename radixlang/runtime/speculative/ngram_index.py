@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Suffixes of these lengths are matched, longest first: one token alone predicts too little.
-MIN_NGRAM = 2
+# Suffixes of these lengths are matched, longest first (a match of one token predicts little,
+# which the drafter's acceptance estimates per match length account for).
+MIN_NGRAM = 1
 MAX_NGRAM = 5
 
 
