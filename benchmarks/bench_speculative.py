@@ -128,15 +128,13 @@ def code_file(rng: random.Random) -> tuple[str, str, str]:
 def tool_log(rng: random.Random) -> str:
     lines = []
     for i in range(16):
-        service = rng.choice(SERVICES)
+        stamp, service = f"12:{i:02d}:{rng.randint(10, 59)}", rng.choice(SERVICES)
         if rng.random() < 0.3:
-            lines.append(
-                f"12:{i:02d}:{rng.randint(10, 59)} ERROR {service}: request {rng.randint(100, 999)} failed after {rng.randint(2, 30)} retries"
-            )  # noqa: E501
+            request, retries = rng.randint(100, 999), rng.randint(2, 30)
+            failed = f"request {request} failed after {retries} retries"
+            lines.append(f"{stamp} ERROR {service}: {failed}")
         else:
-            lines.append(
-                f"12:{i:02d}:{rng.randint(10, 59)} INFO {service}: handled {rng.randint(10, 500)} requests"
-            )  # noqa: E501
+            lines.append(f"{stamp} INFO {service}: handled {rng.randint(10, 500)} requests")
     return "\n".join(lines)
 
 
