@@ -13,12 +13,14 @@ self-consistency, that many siblings of one question), on the default model:
 - self_consistency: sampled chains of thought (temperature 0.7) side by side, whose phrases
   repeat each other's.
 
-Decode throughput is the generated tokens over the wall time of the batch, its prompts cached
-first (radixlang: the cache flushed, then the prompts prefilled; llama-server: the same prompts
-sent once with one token to predict, which fills its slots' prompt caches). Each run of a
-task alternates off and on, ``--repeats`` times; the JSON has every run, the PNG the median
-ratio with the spread. ``accepted tokens per step`` is what one verification of a request
-takes: its accepted draft tokens and the token after them.
+radixlang runs one engine (speculative="ngram") whose drafter is switched off and on between
+runs: two engines in one process slow each other (their CPU thread teams contend), which would
+blur the ratio. Decode throughput is the generated tokens over the wall time of the batch, its
+prompts cached first (radixlang: the cache flushed, then the prompts prefilled; llama-server:
+the same prompts sent once with one token to predict, which fills its slots' prompt caches).
+Each run of a task alternates off and on, ``--repeats`` times; the JSON has every run, the PNG
+the median ratio with the spread. ``tokens per verification`` is what one verification of a
+request takes: its accepted draft tokens and the token after them.
 
 The program workloads of ``bench_programs.py`` (few-shot, self-consistency, tree of thought,
 multi-turn, select) run at their own scale, off and on alternately, to show that drafting never
@@ -223,23 +225,39 @@ def run_engine(engine: Engine, prompts: list[list[int]], params: list[dict[str, 
     )
 
 
-def make_engine(files: Any, args: argparse.Namespace, speculative: str, **kw: Any) -> Engine:
+def make_engine(files: Any, args: argparse.Namespace, **kw: Any) -> Engine:
     return Engine(
         files,
         dtype=args.dtype,
         kv_memory=args.kv_memory,
-        speculative=speculative,
+        speculative="ngram",
         max_running_requests=64,
         **kw,
     )
 
 
+class Switch:
+    """An engine's drafts on ("ngram") or off, between runs (its drafter kept aside)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.drafter = engine.scheduler.drafter
+
+    def __getitem__(self, mode: str) -> Engine:
+        drafter = self.drafter if mode == "ngram" else None
+        self.engine._call(lambda: setattr(self.engine.scheduler, "drafter", drafter))
+        return self.engine
+
+    def items(self) -> list[tuple[str, Engine]]:
+        return [(mode, self[mode]) for mode in ("off", "ngram")]
+
+
 def bench_tasks(files: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
-    engines = {mode: make_engine(files, args, mode) for mode in ("off", "ngram")}
+    engine = make_engine(files, args)
+    engines = Switch(engine)
     out: dict[str, Any] = {}
     try:
-        for mode in engines:  # warm up both (first-touch of the pool, kernels)
-            run_engine(engines[mode], [chat_ids(tokenizer, "Hello")], [{"max_new_tokens": 8}])
+        run_engine(engine, [chat_ids(tokenizer, "Hello")], [{"max_new_tokens": 8}])  # warm up
         for task in args.tasks:
             for batch in args.batches:
                 calls = task_calls(task, batch, 0, args.max_new_tokens)
@@ -247,8 +265,8 @@ def bench_tasks(files: Any, tokenizer: Any, args: argparse.Namespace) -> dict[st
                 params = [c.params for c in calls]
                 runs: dict[str, list[Run]] = {"off": [], "ngram": []}
                 for _ in range(args.repeats):
-                    for mode, engine in engines.items():
-                        runs[mode].append(run_engine(engine, prompts, params))
+                    for mode in ("off", "ngram"):
+                        runs[mode].append(run_engine(engines[mode], prompts, params))
                 entry = summarize_runs(runs)
                 entry["prompt_tokens_mean"] = statistics.mean(map(len, prompts))
                 entry["sample_output"] = tokenizer.decode(runs["ngram"][0].outputs[0])[:400]
@@ -262,8 +280,7 @@ def bench_tasks(files: Any, tokenizer: Any, args: argparse.Namespace) -> dict[st
                     flush=True,
                 )
     finally:
-        for engine in engines.values():
-            engine.shutdown()
+        engine.shutdown()
     return out
 
 
@@ -291,7 +308,8 @@ def summarize_runs(runs: dict[str, list[Run]]) -> dict[str, Any]:
 def check_equal(files: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Deterministic mode: greedy outputs with drafts equal those without, every task and
     batch."""
-    engines = {m: make_engine(files, args, m, deterministic=True) for m in ("off", "ngram")}
+    engine = make_engine(files, args, deterministic=True)
+    engines = Switch(engine)
     out: dict[str, Any] = {}
     try:
         for task in args.tasks:
@@ -311,8 +329,7 @@ def check_equal(files: Any, tokenizer: Any, args: argparse.Namespace) -> dict[st
                 }
                 print(f"  {task:17s} batch {batch:2d}: {equal}/{batch} equal", flush=True)
     finally:
-        for engine in engines.values():
-            engine.shutdown()
+        engine.shutdown()
     return out
 
 
@@ -324,16 +341,15 @@ def bench_programs_workloads(args: argparse.Namespace, deterministic: bool) -> d
     workloads = [bench_programs.WORKLOAD_CLASSES[name](scale) for name in args.programs]
     if deterministic:
         workloads = [w for w in workloads if w.name in GREEDY_PROGRAMS]
-    runtimes = {
-        mode: sgl.Runtime(
-            model_path=args.model,
-            dtype=args.dtype,
-            kv_memory=args.kv_memory,
-            speculative=mode,
-            deterministic=deterministic,
-        )
-        for mode in ("off", "ngram")
-    }
+    rt = sgl.Runtime(
+        model_path=args.model,
+        dtype=args.dtype,
+        kv_memory=args.kv_memory,
+        speculative="ngram",
+        deterministic=deterministic,
+    )
+    sgl.set_default_backend(rt)
+    switch = Switch(rt.engine)
     out: dict[str, Any] = {}
     try:
         for w in workloads:
@@ -341,8 +357,8 @@ def bench_programs_workloads(args: argparse.Namespace, deterministic: bool) -> d
             answers: dict[str, Any] = {}
             stats: dict[str, Any] = {}
             for _ in range(1 if deterministic else args.repeats):
-                for mode, rt in runtimes.items():
-                    sgl.set_default_backend(rt)
+                for mode in ("off", "ngram"):
+                    switch[mode]
                     run = w.program(sgl)
                     rt.flush_cache()
                     rt.engine.reset_stats()
@@ -370,8 +386,7 @@ def bench_programs_workloads(args: argparse.Namespace, deterministic: bool) -> d
                 flush=True,
             )
     finally:
-        for rt in runtimes.values():
-            rt.shutdown()
+        rt.shutdown()
     return out
 
 

@@ -79,6 +79,9 @@ class DraftCounters:
     drafting_requests: int = 0  # requests' verifications (a step counts each request)
     proposals: int = 0  # requests that found a draft in a step
     planned_out: int = 0  # of those, given no tokens by the cost rule
+    # Per kind of draft (KIND_NAMES): tokens verified, and accepted.
+    kind_drafted: list[int] = field(default_factory=lambda: [0] * len(KIND_NAMES))
+    kind_accepted: list[int] = field(default_factory=lambda: [0] * len(KIND_NAMES))
 
 
 class Drafter:
@@ -211,6 +214,8 @@ class Drafter:
         c.draft_tokens += drafted
         c.accepted_tokens += accepted
         c.drafting_requests += 1
+        c.kind_drafted[kind] += drafted
+        c.kind_accepted[kind] += accepted
 
     def wants_tokens(self, reqs: list[Req]) -> bool:
         """Whether some request drafted in its last step (overlapped scheduling waits for
@@ -231,6 +236,14 @@ class Drafter:
                 else 0.0
             ),
             "spec_cost_per_token_ms": 1e3 * self.cost.per_token,
+            **{
+                f"spec_draft_tokens_{name}": c.kind_drafted[kind]
+                for kind, name in enumerate(KIND_NAMES)
+            },
+            **{
+                f"spec_accepted_tokens_{name}": c.kind_accepted[kind]
+                for kind, name in enumerate(KIND_NAMES)
+            },
         }
 
     def reset_stats(self) -> None:
