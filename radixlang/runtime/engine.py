@@ -187,6 +187,13 @@ class Engine:
     tier. ``cuda_graphs`` (default: on for CUDA with the Triton kernels) captures the decode
     forward for a range of batch sizes at start and replays it (``runtime/cuda_graphs.py``).
 
+    ``speculative="ngram"`` (speculative decoding without a draft model; off by default):
+    decodes carry drafts from text already there (the request's own, other recent requests'
+    of its salt, the radix cache's path after its tokens), computed in the same forward and
+    taken as far as the model agrees (``runtime/speculative/``); at most
+    ``speculative_num_draft_tokens`` per request and step, as many as its recent acceptance
+    pays for on this device.
+
     ``deterministic`` (deterministic inference): a request's logits, and so its greedy tokens,
     its seeded samples and its logprobs, are bitwise the same whatever else runs in its batch,
     however its prompt is chunked, and whether its prefix came from the cache, the host tier or

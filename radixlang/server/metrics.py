@@ -37,6 +37,13 @@ _ENGINE_METRICS = [
     ("tokens_per_second", "generation_tokens_per_second", "gauge",
      "Tokens generated per second over the last seconds."),
 ]  # fmt: skip
+# Speculative decoding's, where the engine drafts (speculative="ngram").
+_SPEC_METRICS = [
+    ("spec_verify_steps", "spec_verify_steps_total", "counter", "Steps that verified drafts."),
+    ("spec_draft_tokens", "spec_draft_tokens_total", "counter", "Draft tokens verified."),
+    ("spec_accepted_tokens", "spec_accepted_tokens_total", "counter",
+     "Draft tokens accepted."),
+]  # fmt: skip
 _REASONS = ("stop", "length", "abort", "error")
 _ROUTES = ("prefix", "key", "load", "round_robin")  # cluster/router.py Route.reason
 
@@ -85,6 +92,10 @@ def render(stats: dict[str, float | int], http: HTTPCounters) -> str:
     for reason in _REASONS:
         count = stats.get(f"finished_{reason}", 0)
         out.append(_line("requests_finished_by_reason_total", count, f'{{reason="{reason}"}}'))
+    for key, name, kind, help_text in _SPEC_METRICS:
+        if key in stats:
+            out += _head(name, kind, help_text)
+            out.append(_line(name, stats[key]))
     if "replicas" in stats:  # several engines behind a router (radixlang/cluster/)
         out += _head("replicas_up", "gauge", "Replicas in rotation.")
         out.append(_line("replicas_up", stats["replicas_up"]))

@@ -44,12 +44,13 @@ PRIOR_ACCEPTANCE = (0.8, 0.6, 0.45, 0.3)
 PRIOR_WEIGHT = 2.0
 DECAY = 0.8  # per verification: older evidence fades
 IDLE_DECAY = 0.97  # per step without a draft: the estimate drifts back to the prior
-# The recent requests of a salt whose text drafts others' tokens.
+# The recent requests of a salt whose text drafts others' tokens, and the salts kept (the most
+# recently drafting ones).
 SHARED_SEQUENCES = 16
-# A draft token must be worth this many times what it costs: the rule's estimates are rough
-# (acceptance varies within a request; a step's cost is fitted), and a draft that does not pay
-# slows every request in the step.
-MARGIN = float(__import__("os").environ.get("SPEC_MARGIN", "1.0"))
+SHARED_SALTS = 64
+# A draft token must be worth more than this many times what it costs (1: more than it costs,
+# by the estimates; raise it to draft only what surely pays).
+MARGIN = 1.0
 
 
 @dataclass
@@ -93,7 +94,8 @@ class Drafter:
         self.cost = cost
         self.max_draft = max_draft
         self.counters = DraftCounters()
-        # Per salt, the recent requests' indexes, most recently drafted last.
+        # Per salt, the recent requests' indexes, most recently drafted last (and the salts
+        # in that order too).
         self._shared: dict[str, collections.OrderedDict[int, NgramIndex]] = {}
 
     # ---- a step's drafts -------------------------------------------------------------------
@@ -261,7 +263,13 @@ class Drafter:
         return state
 
     def _touch(self, req: Req, index: NgramIndex) -> None:
-        shared = self._shared.setdefault(req.cache_salt, collections.OrderedDict())
+        salts = self._shared
+        shared = salts.pop(req.cache_salt, None)
+        if shared is None:
+            shared = collections.OrderedDict()
+            while len(salts) >= SHARED_SALTS:  # the salt that drafted longest ago goes
+                salts.pop(next(iter(salts)))
+        salts[req.cache_salt] = shared  # most recent last
         key = id(index)
         shared[key] = index
         shared.move_to_end(key)

@@ -4,6 +4,8 @@ draft what followed it (prompt lookup decoding).
 The index covers the n-grams that end before the sequence's last token, so that the run ending
 at the last token (the suffix being matched) finds an earlier occurrence, never itself. It is
 brought up to date lazily, when a draft is asked for, at a few dictionary inserts per token.
+Keys are the n-grams' hashes, not the tuples (a third of the memory; a collision only makes a
+wrong draft, which verification rejects).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class NgramIndex:
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
-        self._seen: dict[tuple[int, ...], int] = {}
+        self._seen: dict[int, int] = {}
         self.indexed = 0  # n-grams ending before this position are in the index
 
     def update(self) -> None:
@@ -46,7 +48,7 @@ class NgramIndex:
             window = tokens[first - n : end]
             # n-grams ending at first-1 .. end-1, each mapped to the position after it.
             grams = zip(*(window[j:] for j in range(n)), strict=False)
-            seen.update(zip(grams, range(first, end + 1), strict=False))
+            seen.update(zip(map(hash, grams), range(first, end + 1), strict=False))
         self.indexed = end
 
     def find(self, suffix: Sequence[int]) -> tuple[int, int]:
@@ -55,7 +57,7 @@ class NgramIndex:
         when none did."""
         seen = self._seen
         for n in range(min(MAX_NGRAM, len(suffix)), MIN_NGRAM - 1, -1):
-            at = seen.get(tuple(suffix[len(suffix) - n :]))
+            at = seen.get(hash(tuple(suffix[len(suffix) - n :])))
             if at is not None:
                 return n, at
         return 0, -1
