@@ -232,6 +232,7 @@ def make_engine(files: Any, args: argparse.Namespace, **kw: Any) -> Engine:
         kv_memory=args.kv_memory,
         speculative="ngram",
         max_running_requests=64,
+        threads=args.threads,
         **kw,
     )
 
@@ -347,6 +348,7 @@ def bench_programs_workloads(args: argparse.Namespace, deterministic: bool) -> d
         kv_memory=args.kv_memory,
         speculative="ngram",
         deterministic=deterministic,
+        threads=args.threads,
     )
     sgl.set_default_backend(rt)
     switch = Switch(rt.engine)
@@ -515,6 +517,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-memory", default="1GiB")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count(),
+        help="the engine's CPU threads, fixed (the default adapts them to what other processes "
+        "use, which would change a run's speed midway)",
+    )
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=160)

@@ -225,3 +225,44 @@ def test_the_engine_level_test_fails_a_wrong_rule(small_vocab, without_drafts, m
     monkeypatch.setattr(acceptance, "residual_probs", lambda probs, drafts: probs)
     spec, _ = _second_tokens(small_vocab, "ngram")
     assert _homogeneity_p(without_drafts, spec) < 1e-6
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_drafts_on_the_torch_and_triton_kernels(folder, monkeypatch, kernels):
+    """The verification's rows are decodes on whichever kernels run them (Triton interpreted
+    on a CPU: a short run)."""
+    monkeypatch.setenv("RADIXLANG_KERNELS", kernels)
+    prompt = PHRASE[:4] * 3
+    params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+    plain = engine(folder, deterministic=True)
+    want = plain.generate(prompt, params)
+    plain.shutdown()
+    spec = engine(folder, deterministic=True, speculative="ngram")
+    first = spec.generate(prompt, params)
+    again = spec.generate(prompt, params)  # drafted from the radix cache
+    assert first.output_ids == want.output_ids == again.output_ids
+    assert spec.stats()["spec_accepted_tokens"] >= 8
+    _drained(spec)
+    spec.shutdown()
+
+
+def test_beams_and_seeded_samples_do_not_draft(folder):
+    """Beam search keeps its own search, and a seed its samples: neither drafts."""
+    eng = engine(folder, speculative="ngram")
+    prompt = PHRASE * 2
+    beams = eng.generate(prompt, {"temperature": 0, "max_new_tokens": 12, "beam_width": 3})
+    seeded = [
+        eng.generate(prompt, {"temperature": 1.0, "max_new_tokens": 12, "seed": 7})
+        for _ in range(2)
+    ]
+    assert len(beams.beams) == 3
+    assert seeded[0].output_ids == seeded[1].output_ids
+    assert eng.stats()["spec_draft_tokens"] == 0
+    plain = engine(folder)
+    assert (
+        plain.generate(prompt, {"temperature": 1.0, "max_new_tokens": 12, "seed": 7}).output_ids
+        == seeded[0].output_ids
+    )
+    plain.shutdown()
+    _drained(eng)
+    eng.shutdown()
