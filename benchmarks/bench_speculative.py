@@ -559,13 +559,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             steps.append(("greedy_equal_programs", lambda: bench_programs_workloads(args, True)))
     if args.llama_cpp != "off":
         steps.append(("llama_server", lambda: bench_llama(tokenizer, args)))
+    result["machine"]["loadavg_before"] = load_before
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name, step in steps:
         print(f"{name}:", flush=True)
         result[name] = step()
-    result["machine"]["loadavg_before"] = load_before
-    result["machine"]["loadavg_after"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+        # Written after every part: a long run stopped midway keeps what it measured.
+        result["machine"]["loadavg_after"] = os.getloadavg()
+        args.out.write_text(json.dumps(result, indent=1, default=str))
     plot(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return result
