@@ -68,7 +68,7 @@ from radixlang.runtime.sampling import (
     SamplingParams,
     sample,
 )
-from radixlang.runtime.sampling_rows import SamplingRows, first_token_mask, sampling_row
+from radixlang.runtime.sampling_rows import SamplingRows
 from radixlang.runtime.scheduler import Chunk, Scheduler
 from radixlang.runtime.speculative.drafter import Drafter
 from radixlang.runtime.speculative.step_cost import CPU_PRIOR, GPU_PRIOR, StepCost
@@ -815,7 +815,6 @@ class Engine:
     def _finish_run(self, chunks: list[Chunk], seqs: list[SequenceInput], out: Any) -> int:
         sampled: list[int] = []
         commit = self.scheduler.commit
-        constrained = False
         for i, chunk in enumerate(chunks):
             req = chunk.req
             commit(chunk)
@@ -826,7 +825,6 @@ class Engine:
                 continue  # a prefill chunk: more of the prompt to come
             if tokens - len(req.prompt_ids) < req.output_limit:
                 sampled.append(i)
-                constrained = constrained or req.constraint is not None
             else:  # prefill only: the prompt is cached now
                 self.scheduler.finish(req, FinishReason.LENGTH)
                 self._outputs.complete(req)
@@ -834,16 +832,7 @@ class Engine:
         beam_tokens = self._outputs.advance_beams(chunks, beam_rows, out.logits) if beam_rows else 0
         if self._verifier is not None and any(chunks[i].draft for i in sampled):
             return beam_tokens + self._verifier.take(chunks, sampled, out)
-        if constrained:
-            sampled, rows = self._rows.constrained(chunks, sampled, out.logits.shape[-1])
-        else:  # no constraint in the batch: no per-row work beyond token healing's first mask
-            rows = []
-            for i in sampled:
-                req = chunks[i].req
-                row = req.sampling_row
-                if row is None or req.first_token_mask is not None:
-                    row = sampling_row(req, first_token_mask(req))
-                rows.append(row)
+        sampled, rows = self._rows.for_step(chunks, sampled, out.logits.shape[-1])
         if not sampled:
             return beam_tokens
         logits = out.logits

@@ -58,6 +58,23 @@ class SamplingRows:
         self._stop = stop
         self._fail = fail
 
+    def for_step(
+        self, chunks: list[Chunk], sampled: list[int], width: int
+    ) -> tuple[list[int], list[SamplingRow]]:
+        """The rows of ``sampled`` to sample now and their sampling rows: :meth:`constrained`
+        where a row has a constraint, else each request's own row (token healing's first mask
+        aside), with no per-row work."""
+        if any(chunks[i].req.constraint is not None for i in sampled):
+            return self.constrained(chunks, sampled, width)
+        rows = []
+        for i in sampled:
+            req = chunks[i].req
+            row = req.sampling_row
+            if row is None or req.first_token_mask is not None:
+                row = sampling_row(req, first_token_mask(req))
+            rows.append(row)
+        return sampled, rows
+
     def constrained(
         self, chunks: list[Chunk], sampled: list[int], width: int
     ) -> tuple[list[int], list[SamplingRow]]:

@@ -19,10 +19,8 @@ from typing import Any
 
 import torch
 
-from radixlang.runtime.request import Req
 from radixlang.runtime.request_outputs import RequestOutputs
-from radixlang.runtime.sampling import SamplingRow
-from radixlang.runtime.sampling_rows import SamplingRows, first_token_mask, sampling_row
+from radixlang.runtime.sampling_rows import SamplingRows
 from radixlang.runtime.scheduler import Chunk, Scheduler
 from radixlang.runtime.speculative.acceptance import NO_DRAFT, sample_with_drafts
 from radixlang.runtime.speculative.drafter import Drafter
@@ -60,7 +58,7 @@ class DraftVerifier:
         active = sampled
         position = 0
         while active:
-            keep, rows = self._rows(chunks, active, width)
+            keep, rows = self.rows.for_step(chunks, active, width)
             if not keep:
                 break
             logits = torch.stack([_row(chunks[i], out, i, position) for i in keep])
@@ -89,22 +87,6 @@ class DraftVerifier:
             if chunk.req.finish_reason is None:
                 self.scheduler.drop_draft_blocks(chunk.req)
         return appended
-
-    def _rows(
-        self, chunks: list[Chunk], active: list[int], width: int
-    ) -> tuple[list[int], list[SamplingRow]]:
-        """The rows of ``active`` to sample now (a request whose constraint is done or broken
-        ends here instead) and their sampling rows."""
-        if any(chunks[i].req.constraint is not None for i in active):
-            return self.rows.constrained(chunks, active, width)
-        rows = []
-        for i in active:
-            req: Req = chunks[i].req
-            row = req.sampling_row
-            if row is None or req.first_token_mask is not None:
-                row = sampling_row(req, first_token_mask(req))
-            rows.append(row)
-        return active, rows
 
 
 def _row(chunk: Chunk, out: Any, i: int, position: int) -> torch.Tensor:
