@@ -2,7 +2,10 @@
 
 It reads K and V blocks where they lie in the pool: no gather into a copy, each KV head's block
 read once for all the query heads of its GQA group, the work spread over sequences, KV heads
-and (for few long sequences) token ranges on torch's own OpenMP threads.
+and (for few long sequences) token ranges on torch's own OpenMP threads. Runs of several
+queries of one sequence (an extend, drafts to verify) take a tiled path outside uniform mode:
+K transposed per chunk so that scores come out a vector of tokens at a time, outputs kept in
+registers (about 2x faster than query by query at 6 queries per sequence).
 
 Every query reads its tokens from the cache, its own included, so the new tokens' K/V must be
 stored before attention runs (the model does; ``extend_attention`` takes ``stored=True`` to say

@@ -201,7 +201,10 @@ class ModelRunner:
         """Compute the sequences' tokens in one packed pass and store their K/V."""
         if not seqs:
             raise BatchError("a forward pass needs at least one sequence")
-        if any(seq.all_logits for seq in seqs):
+        if any(seq.all_logits for seq in seqs) and (self.cuda_graphs or self.deterministic):
+            # Drafts to verify: as decodes where decode graphs are replayed, and where a
+            # verified token's logits must be bitwise a decode's. Elsewhere an extend: the
+            # kernels' multi-query tiles read each sequence's KV once for all its drafts.
             return self._forward_as_decodes(seqs)
         if self.cuda_graphs and all(len(q.tokens) == 1 and not q.return_logprobs for q in seqs):
             return self.run_decode(self.prepare_decode(seqs))  # a replay where one fits

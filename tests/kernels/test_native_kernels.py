@@ -58,8 +58,12 @@ def test_long_rows_split_across_threads_merge_exactly(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_extend_matches_dense(heads, kv_heads, head_dim, block_size, dtype):
+    check_extend_matches_dense(heads, kv_heads, head_dim, block_size, dtype)
+
+
+def check_extend_matches_dense(heads, kv_heads, head_dim, block_size, dtype):
     # Tiles of 8 queries cut these runs at different places; a causal tile's first rows see
     # fewer tokens than the chunk it reads.
     prefix_lens = [0, 3, block_size, 7, 0, 50]
@@ -79,6 +83,26 @@ def test_extend_matches_dense(heads, kv_heads, head_dim, block_size, dtype):
         tol = TOLERANCE[dtype]
         torch.testing.assert_close(out[start : start + e].double(), want, atol=tol, rtol=tol)
         start += e
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tiled_path_agrees_with_the_row_path(dtype):
+    """Tiles of two or more queries (drafts to verify, short extends) take the tiled path
+    outside uniform mode; forced onto the row-by-row path they give the same results."""
+    prefix_lens, extend_lens = [90, 33, 0], [6, 2, 9]
+    totals = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    case = make_paged_case(totals, 3, 64, 16, dtype=dtype, seed=3)
+    q = torch.randn(sum(extend_lens), 9, 64).to(dtype)
+    plan = native.plan_extend(case.block_tables, prefix_lens, extend_lens)
+    lib = native._library()
+    tiled = native.paged_attention(q, case.cache, plan, 0.125)
+    try:
+        lib.radixlang_set_tiled_min_queries(10**6)
+        rows = native.paged_attention(q, case.cache, plan, 0.125)
+    finally:
+        lib.radixlang_set_tiled_min_queries(2)
+    assert not torch.equal(tiled, rows) or dtype == torch.bfloat16  # two paths ran
+    torch.testing.assert_close(tiled.float(), rows.float(), atol=TOLERANCE[dtype], rtol=0)
 
 
 def test_float32_queries_over_a_bfloat16_cache():
@@ -194,6 +218,8 @@ def test_an_older_cpu_class_builds_apart_and_computes_the_same(tmp_path, monkeyp
         q = torch.randn(len(lens), 4, 16)
         plan = native.plan_decode(case.block_tables, torch.tensor(lens))
         check_decode(case, q, lens, 0.25, native.paged_attention(q, case.cache, plan, 0.25))
+        # Extends of several queries: the tiled path, built for the class's vector width.
+        check_extend_matches_dense(9, 3, 64, 16, torch.bfloat16)
 
         weight = torch.randn(40, 72).to(torch.bfloat16)
         x = torch.randn(9, 72).to(torch.bfloat16)

@@ -101,6 +101,36 @@ def test_greedy_outputs_equal_those_without_drafts(folder, overlap):
     spec.shutdown()
 
 
+def test_default_mode_verifies_drafts_as_extends(folder, monkeypatch):
+    """Outside deterministic mode (and without CUDA graphs) a step with drafts is one extend
+    per drafting request, its KV read once for all the drafts (the native kernel's
+    multi-query tiles on a CPU): float32 greedy outputs are those without drafts, logprobs
+    within float rounding."""
+    from radixlang.runtime.model_runner import ModelRunner
+
+    requests = _requests()
+    plain = engine(folder)
+    want, _ = _run(plain, requests)
+    plain.shutdown()
+    spec = engine(folder, speculative="ngram")
+    as_decodes = []
+    real = ModelRunner._forward_as_decodes
+    monkeypatch.setattr(
+        ModelRunner,
+        "_forward_as_decodes",
+        lambda self, seqs: as_decodes.append(1) or real(self, seqs),
+    )
+    got, _ = _run(spec, requests)
+    for a, b in zip(got, want, strict=True):
+        assert a.output_ids == b.output_ids and a.text == b.text
+        assert a.output_logprobs == pytest.approx(b.output_logprobs, abs=1e-4)
+    stats = spec.stats()
+    assert stats["spec_verify_steps"] > 10 and stats["spec_accepted_tokens"] > 0
+    assert not as_decodes  # every verify step ran as extends
+    _drained(spec)
+    spec.shutdown()
+
+
 def test_a_repeated_prompt_drafts_from_the_radix_cache(folder):
     eng = engine(folder, deterministic=True, speculative="ngram")
     prompt = [101, 202, 303, 404, 505, 606, 707]  # nothing in it repeats

@@ -134,7 +134,7 @@ def _decoding(
     ("batch", "acceptance", "drafted"),
     [
         (1, 0.3, True),  # alone, even a poor draft pays: verifying it is nearly free
-        (32, 0.3, False),  # in a large batch a poor one does not
+        (32, 0.15, False),  # in a large batch a poor one does not
         (32, 0.95, True),  # a confident one still does
     ],
 )

@@ -11,6 +11,8 @@
 // range). A KV head's block is read once for every query head of its GQA group and every query
 // of the tile. Long single-query rows (decode at small batch) are split along their tokens so
 // that both cores get work; the partial results are merged with their softmax statistics.
+// Tiles of two or more queries (extends, drafts to verify) take `attend_tiled` outside uniform
+// mode, where the head size is a whole number of vectors.
 //
 // `uniform` (deterministic inference) makes a query's result a function of its own inputs
 // only: never split (a split depends on the batch), chunks that start on block boundaries
@@ -41,6 +43,7 @@ constexpr int TILE = 8;        // queries of one sequence handled together
 constexpr int MAX_ROWS = 128;  // TILE * (query heads per KV head), bounded
 constexpr int MAX_DIM = 256;
 constexpr int CHUNK = 64;      // tokens scored before their softmax update
+int TILED_MIN_QUERIES = 2;     // tiles of this many queries take the tiled path (below)
 
 // A K or V vector of `dim` elements as floats: the pointer itself for float32, else converted
 // into `scratch`.
@@ -224,6 +227,193 @@ void attend(const Problem& p, const Item& item, Partial& r) {
     }
 }
 
+// The tiled path: for tiles of several queries (verifying drafts, short extends) outside
+// uniform mode. The loops above spend most of their time on horizontal sums (a 64-float dot
+// product is four multiply-adds and a reduction across the vector); here a chunk's K is
+// transposed as it is converted, so that one vector of multiply-adds yields a row's scores for
+// VW tokens at once, and the rows' outputs stay in registers while the chunk's V rows stream
+// past. Scores, softmax and outputs are the same sums, grouped otherwise (so not bitwise those
+// of `attend`, which is why uniform mode never comes here).
+#if defined(__AVX512F__)
+constexpr int VW = 16;          // floats per vector register
+constexpr int VREGS = 32;       // vector registers
+#else
+constexpr int VW = 8;
+constexpr int VREGS = 16;
+#endif
+typedef float Vec __attribute__((vector_size(VW * sizeof(float))));
+typedef float UnalignedVec __attribute__((vector_size(VW * sizeof(float)), aligned(4)));
+constexpr int TILED_CHUNK = 32;                 // tokens per chunk
+constexpr int CHUNK_VECS = TILED_CHUNK / VW;    // vectors of scores per row and chunk
+constexpr int SCORE_ROWS = VW == 16 ? 6 : 2;  // rows per pass: their scores fill the registers
+constexpr int PAD_ROWS = 8;                     // rows past the last, read but never written
+
+inline Vec load_vec(const float* at) { return *reinterpret_cast<const UnalignedVec*>(at); }
+inline void store_vec(float* at, Vec v) { *reinterpret_cast<UnalignedVec*>(at) = v; }
+
+// e^x for x <= 0 (-inf included, giving 0), within about 2 ulp of float's: x = n ln2 + t with
+// |t| <= ln2/2, e^t by its Taylor polynomial to t^6 (error < 2e-7), 2^n put in the exponent.
+// The compiler's own exp would be a call per element here (no vector math library is linked).
+inline Vec exp_nonpositive(Vec x) {
+    typedef int32_t IntVec __attribute__((vector_size(VW * sizeof(int32_t))));
+    const Vec lowest = Vec{} - 87.0f;  // below: 0 (2^-126 is the smallest normal float)
+    const Vec clamped = x < lowest ? lowest : x;
+    const IntVec n = __builtin_convertvector(clamped * 1.44269504f - 0.5f, IntVec);  // rounded
+    const Vec nf = __builtin_convertvector(n, Vec);
+    const Vec t = clamped - nf * 0.693145752f - nf * 1.42860677e-6f;  // ln2 in two parts
+    Vec poly = t * (1.0f / 720) + 1.0f / 120;
+    poly = poly * t + 1.0f / 24;
+    poly = poly * t + 1.0f / 6;
+    poly = poly * t + 0.5f;
+    poly = poly * t + 1.0f;
+    poly = poly * t + 1.0f;
+    const IntVec bits = (n + 127) << 23;
+    Vec scale;
+    std::memcpy(&scale, &bits, sizeof(scale));
+    const Vec e = poly * scale;
+    return x < lowest ? Vec{} : e;
+}
+
+template <int DIM>
+constexpr int output_rows() {  // rows whose outputs fit the registers beside one V row
+    constexpr int per_row = DIM / VW;
+    constexpr int rows = (VREGS * 3 / 4) / per_row;
+    return rows < 1 ? 1 : (rows > PAD_ROWS ? PAD_ROWS : rows);
+}
+
+template <int KV_DTYPE, int DIM>
+void attend_tiled(const Problem& p, const Item& item, Partial& r) {
+    static_assert(DIM % VW == 0 && DIM > 0, "the tiled path needs whole vectors per head row");
+    static_assert(SCORE_ROWS >= 1 && SCORE_ROWS <= PAD_ROWS, "score rows per pass");
+    constexpr int DIM_VECS = DIM / VW;
+    constexpr int OUT_ROWS = output_rows<DIM>();
+    const int group = p.heads / p.kv_heads;
+    const int rows = item.num_queries * group;
+    alignas(64) float q[(MAX_ROWS + PAD_ROWS) * DIM];
+    alignas(64) float w[(MAX_ROWS + PAD_ROWS) * TILED_CHUNK];
+    alignas(64) float kt[DIM * TILED_CHUNK];  // kt[d * TILED_CHUNK + j]: K transposed
+    alignas(64) float vb[TILED_CHUNK * DIM];  // V rows as floats
+    int limit[MAX_ROWS];
+    int first[MAX_ROWS];
+    for (int t = 0; t < item.num_queries; ++t) {
+        const int query = item.first_query + t;
+        for (int g = 0; g < group; ++g) {
+            const int row = t * group + g;
+            const int64_t base = (static_cast<int64_t>(query) * p.heads +
+                                  item.kv_head * group + g) * DIM;
+            for (int d = 0; d < DIM; ++d) q[row * DIM + d] = load(p.q, base + d, p.q_dtype) * p.scale;
+            limit[row] = std::min(p.q_len[query], item.token_end);
+            first[row] = p.q_start ? p.q_start[query] : 0;
+            r.max[row] = -FLT_MAX;
+            r.sum[row] = 0.0f;
+        }
+    }
+    std::fill(q + rows * DIM, q + (rows + PAD_ROWS) * DIM, 0.0f);
+    std::fill(r.acc, r.acc + rows * DIM, 0.0f);
+    const int32_t* table = p.block_tables + p.q_seq[item.first_query] * p.table_stride;
+    const int64_t token_stride = static_cast<int64_t>(p.kv_heads) * DIM;
+    const int bs = p.block_size;
+    for (int start = item.token_begin; start < item.token_end; start += TILED_CHUNK) {
+        const int n_tokens = std::min(TILED_CHUNK, item.token_end - start);
+        for (int j = 0; j < n_tokens; ++j) {
+            const int position = start + j;
+            const int64_t offset =
+                (static_cast<int64_t>(table[position / bs]) * bs + position % bs) * token_stride +
+                item.kv_head * DIM;
+            float k_row[DIM];
+            const float* k = as_floats<KV_DTYPE>(p.k_cache, offset, DIM, k_row);
+            for (int d = 0; d < DIM; ++d) kt[d * TILED_CHUNK + j] = k[d];
+            const float* v = as_floats<KV_DTYPE>(p.v_cache, offset, DIM, vb + j * DIM);
+            if (v != vb + j * DIM) std::memcpy(vb + j * DIM, v, DIM * sizeof(float));
+        }
+        for (int j = n_tokens; j < TILED_CHUNK; ++j)  // finite scores past the chunk's end
+            for (int d = 0; d < DIM; ++d) kt[d * TILED_CHUNK + j] = 0.0f;
+        // Scores: SCORE_ROWS rows a pass, a vector of VW tokens per multiply-add.
+        for (int r0 = 0; r0 < rows; r0 += SCORE_ROWS) {
+            Vec s[SCORE_ROWS][CHUNK_VECS] = {};
+            for (int d = 0; d < DIM; ++d) {
+                Vec k[CHUNK_VECS];
+#pragma GCC unroll 8
+                for (int c = 0; c < CHUNK_VECS; ++c) k[c] = load_vec(kt + d * TILED_CHUNK + c * VW);
+#pragma GCC unroll 16
+                for (int i = 0; i < SCORE_ROWS; ++i) {
+                    const float x = q[(r0 + i) * DIM + d];
+#pragma GCC unroll 8
+                    for (int c = 0; c < CHUNK_VECS; ++c) s[i][c] += x * k[c];
+                }
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < SCORE_ROWS; ++i)
+#pragma GCC unroll 8
+                for (int c = 0; c < CHUNK_VECS; ++c)
+                    store_vec(w + (r0 + i) * TILED_CHUNK + c * VW, s[i][c]);
+        }
+        // Online softmax per row over the tokens it sees: the others' scores set to -inf
+        // first (their weights come out 0), so that every loop runs over whole vectors.
+        for (int row = 0; row < rows; ++row) {
+            float* __restrict wr = w + row * TILED_CHUNK;
+            const int n = std::min(start + n_tokens, limit[row]) - start;
+            const int j0 = std::max(0, first[row] - start);
+            if (n <= j0) {
+                std::fill(wr, wr + TILED_CHUNK, 0.0f);
+                continue;
+            }
+            for (int j = 0; j < j0; ++j) wr[j] = -INFINITY;
+            for (int j = n; j < TILED_CHUNK; ++j) wr[j] = -INFINITY;
+            Vec top = load_vec(wr);
+#pragma GCC unroll 8
+            for (int c = 1; c < CHUNK_VECS; ++c) {
+                const Vec x = load_vec(wr + c * VW);
+                top = top > x ? top : x;
+            }
+            float chunk_max = r.max[row];
+            for (int l = 0; l < VW; ++l) chunk_max = std::max(chunk_max, top[l]);
+            if (chunk_max > r.max[row]) {
+                const float factor = std::exp(r.max[row] - chunk_max);
+                r.sum[row] *= factor;
+                float* __restrict acc = r.acc + row * DIM;
+#pragma omp simd
+                for (int d = 0; d < DIM; ++d) acc[d] *= factor;
+                r.max[row] = chunk_max;
+            }
+            Vec total{};
+#pragma GCC unroll 8
+            for (int c = 0; c < CHUNK_VECS; ++c) {
+                const Vec e = exp_nonpositive(load_vec(wr + c * VW) - chunk_max);
+                store_vec(wr + c * VW, e);
+                total += e;
+            }
+            for (int l = 0; l < VW; ++l) r.sum[row] += total[l];
+        }
+        // Outputs: OUT_ROWS rows a pass kept in registers, each V row read once per pass.
+        for (int r0 = 0; r0 < rows; r0 += OUT_ROWS) {
+            Vec a[OUT_ROWS][DIM_VECS];
+#pragma GCC unroll 16
+            for (int i = 0; i < OUT_ROWS; ++i)
+#pragma GCC unroll 16
+                for (int c = 0; c < DIM_VECS; ++c)
+                    a[i][c] = r0 + i < rows ? load_vec(r.acc + (r0 + i) * DIM + c * VW) : Vec{};
+            for (int j = 0; j < n_tokens; ++j) {
+                Vec v[DIM_VECS];
+#pragma GCC unroll 16
+                for (int c = 0; c < DIM_VECS; ++c) v[c] = load_vec(vb + j * DIM + c * VW);
+#pragma GCC unroll 16
+                for (int i = 0; i < OUT_ROWS; ++i) {
+                    const float x = w[(r0 + i) * TILED_CHUNK + j];
+#pragma GCC unroll 16
+                    for (int c = 0; c < DIM_VECS; ++c) a[i][c] += x * v[c];
+                }
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < OUT_ROWS; ++i)
+                if (r0 + i < rows)
+#pragma GCC unroll 16
+                    for (int c = 0; c < DIM_VECS; ++c)
+                        store_vec(r.acc + (r0 + i) * DIM + c * VW, a[i][c]);
+        }
+    }
+}
+
 void write_rows(const Problem& p, const Item& item, const float* sum, const float* acc) {
     const int group = p.heads / p.kv_heads;
     const int dim = p.dim;
@@ -253,7 +443,14 @@ void run_items(const Problem& p, const std::vector<Item>& items, float* partials
             const Item& item = items[i];
             float* buffer = item.split < 0 ? scratch.data() : partials + item.split * stride;
             Partial r = partial_at(buffer, p.dim);
-            attend<KV_DTYPE, DIM, UNIFORM>(p, item, r);
+            if constexpr (!UNIFORM && DIM > 0 && DIM % VW == 0) {
+                if (item.num_queries >= TILED_MIN_QUERIES)
+                    attend_tiled<KV_DTYPE, DIM>(p, item, r);
+                else
+                    attend<KV_DTYPE, DIM, UNIFORM>(p, item, r);
+            } else {
+                attend<KV_DTYPE, DIM, UNIFORM>(p, item, r);
+            }
             if (item.split < 0) write_rows(p, item, r.sum, r.acc);
         }
     }
@@ -286,6 +483,8 @@ extern "C" {
 int radixlang_max_rows() { return MAX_ROWS; }
 int radixlang_max_dim() { return MAX_DIM; }
 int radixlang_tile() { return TILE; }
+// Tiles of at least this many queries take the tiled path (tests set it to compare paths).
+void radixlang_set_tiled_min_queries(int n) { TILED_MIN_QUERIES = n; }
 
 // q and out: [num_queries, heads, dim] contiguous (q_dtype); k_cache, v_cache:
 // [num_blocks, block_size, kv_heads, dim] contiguous (kv_dtype); block_tables: int32 rows of
