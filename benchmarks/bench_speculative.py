@@ -415,7 +415,11 @@ def bench_llama(tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     except llama_cpp.LlamaCppMissing as e:
         print(f"  llama-server skipped: {e}", flush=True)
         return {"skipped": str(e)}
-    out: dict[str, Any] = {"gguf": str(gguf), "version": llama_cpp.server_version(binary)}
+    out: dict[str, Any] = {
+        "gguf": str(gguf),
+        "version": llama_cpp.server_version(binary),
+        "repeats": args.llama_repeats,
+    }
     for batch in args.batches:
         seconds: dict[str, dict[str, list[float]]] = {}
         tokens: dict[str, dict[str, list[int]]] = {}
@@ -433,7 +437,7 @@ def bench_llama(tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
                 for task in args.tasks:
                     calls = task_calls(task, batch, 0, args.max_new_tokens)
                     prompts = [chat_ids(tokenizer, c.message) for c in calls]
-                    for _ in range(args.repeats):
+                    for _ in range(args.llama_repeats):
                         warm = [llama_body(p, {}, 1, 0) for p in prompts]
                         list(pool.map(post, warm))
                         bodies = [
@@ -533,6 +537,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-equality", action="store_true", help="skip the deterministic check")
     parser.add_argument("--llama-cpp", default="auto", choices=["auto", "off"])
     parser.add_argument("--llama-gguf", default="q4_1")
+    parser.add_argument(
+        "--llama-repeats",
+        type=int,
+        default=1,
+        help="repeats of each llama-server run (its ngram-simple arm at batch 32 takes minutes)",
+    )
     parser.add_argument("--quick", action="store_true", help="batch 1 and 8, one repeat, short")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_speculative.json")
     args = parser.parse_args(argv)
