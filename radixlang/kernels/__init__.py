@@ -53,8 +53,10 @@ __all__ = [
     "check_paged_kv",
     "decode_attention",
     "extend_attention",
+    "merge_plans",
     "plan_decode",
     "plan_extend",
+    "planned_attention",
     "store_kv",
 ]
 
@@ -139,6 +141,21 @@ def plan_extend(
     if not extend_lens or max(extend_lens) > NATIVE_EXTEND_MAX_TOKENS or not native_kernel:
         return None
     return native.plan_extend(block_tables, prefix_lens, extend_lens, window)
+
+
+def merge_plans(extend: ExtendPlan | None, decode: AttentionPlan | None) -> NativePlan | None:
+    """For a batch of extends followed by decodes, one plan that runs all its queries in one
+    native call (``planned_attention``); None unless both plans are the native kernel's."""
+    if isinstance(extend, native.NativePlan) and isinstance(decode, native.NativePlan):
+        return native.merge_plans(extend, decode)
+    return None
+
+
+def planned_attention(
+    q: torch.Tensor, cache: PagedKV, plan: NativePlan, scale: float
+) -> torch.Tensor:
+    """Every query of ``q`` over the cached tokens ``plan`` gives it (the native kernel)."""
+    return native.paged_attention(q, cache, plan, scale)
 
 
 def decode_attention(

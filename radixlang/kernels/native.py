@@ -114,6 +114,24 @@ def plan_extend(
     return NativePlan(_int32(block_tables), queries, lens, start, uniform)
 
 
+def merge_plans(extend: NativePlan, decode: NativePlan) -> NativePlan:
+    """One plan for a batch whose extends (``extend``'s queries, its rows of the block
+    tables) come before its decodes (``decode``'s): a mixed batch in one call per layer."""
+    if extend.uniform != decode.uniform or (extend.q_start is None) != (decode.q_start is None):
+        raise ValueError("plans of one batch share their mode and window")
+    rows = extend.block_tables.shape[0]
+    start = None
+    if extend.q_start is not None and decode.q_start is not None:
+        start = torch.cat([extend.q_start, decode.q_start])
+    return NativePlan(
+        torch.cat([extend.block_tables, decode.block_tables]),
+        torch.cat([extend.q_seq, decode.q_seq + rows]),
+        torch.cat([extend.q_len, decode.q_len]),
+        start,
+        extend.uniform,
+    )
+
+
 def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 

@@ -105,6 +105,31 @@ def test_the_tiled_path_agrees_with_the_row_path(dtype):
     torch.testing.assert_close(tiled.float(), rows.float(), atol=TOLERANCE[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("uniform", [False, True])
+def test_a_mixed_batch_in_one_call_equals_its_extends_and_decodes_apart(uniform):
+    """``merge_plans``: a batch's extends and decodes in one native call give what the two
+    calls give (bitwise in uniform mode, where no split depends on the batch)."""
+    prefix_lens, extend_lens, decode_lens = [20, 0], [5, 3], [40, 7, 66]
+    totals = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)] + decode_lens
+    case = make_paged_case(totals, 3, 64, 16, dtype=torch.bfloat16, seed=11)
+    tables = case.block_tables
+    extend = native.plan_extend(tables[:2], prefix_lens, extend_lens, uniform=uniform)
+    decode = native.plan_decode(tables[2:], torch.tensor(decode_lens), uniform=uniform)
+    q = torch.randn(sum(extend_lens) + len(decode_lens), 9, 64).to(torch.bfloat16)
+    n = sum(extend_lens)
+    apart = torch.cat([
+        native.paged_attention(q[:n], case.cache, extend, 0.125),
+        native.paged_attention(q[n:], case.cache, decode, 0.125),
+    ])  # fmt: skip
+    merged = kernels.merge_plans(extend, decode)
+    assert merged is not None
+    together = kernels.planned_attention(q, case.cache, merged, 0.125)
+    if uniform:
+        assert torch.equal(together, apart)
+    torch.testing.assert_close(together.float(), apart.float(), atol=2e-2, rtol=0)
+    assert kernels.merge_plans(None, decode) is None
+
+
 def test_float32_queries_over_a_bfloat16_cache():
     lens = [12, 40]
     case = make_paged_case(lens, 2, 16, 16, dtype=torch.bfloat16)

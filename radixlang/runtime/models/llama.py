@@ -329,6 +329,8 @@ class LlamaForCausalLM:
             return kernels.decode_attention(
                 q, cache, batch.block_tables, batch.seq_lens, self.scale, decode_plan, window, det
             )
+        if plans.merged is not None:  # one native call for the extends and the decodes
+            return kernels.planned_attention(q, cache, plans.merged, self.scale)
         out = torch.empty_like(q)
         out[:n_ext] = kernels.extend_attention(
             q[:n_ext],
@@ -366,6 +368,8 @@ class _AttentionPlans:
     extend: kernels.ExtendPlan | None
     window: int | None
     deterministic: bool
+    # A mixed batch where both are the native kernel's: both in one plan, one call per layer.
+    merged: kernels.NativePlan | None = None
 
     @classmethod
     def build(
@@ -398,7 +402,7 @@ class _AttentionPlans:
                 window,
                 deterministic,
             )
-        return cls(decode, extend, window, deterministic)
+        return cls(decode, extend, window, deterministic, kernels.merge_plans(extend, decode))
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
