@@ -46,6 +46,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -475,6 +476,31 @@ def bench_llama(tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _commit() -> str | None:
+    """The checkout's commit (with "+changes" when its tree differs), for the record."""
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
+def reused_llama(earlier: dict[str, Any], path: Path) -> dict[str, Any]:
+    """llama-server's part of an earlier run (``--llama-from``), marked as such."""
+    if "llama_server" not in earlier:
+        raise SystemExit(f"{path} has no llama_server part")
+    part = dict(earlier["llama_server"])
+    part["reused_from"] = {"file": str(path), "commit": earlier.get("commit")}
+    for key, entry in part.items():
+        if "/" in key:
+            print(f"  {key:20s} (reused) x{entry['speedup']:.2f}", flush=True)
+    return part
+
+
 # ---- the plot ------------------------------------------------------------------------------------
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
@@ -543,6 +569,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=1,
         help="repeats of each llama-server run (its ngram-simple arm at batch 32 takes minutes)",
     )
+    parser.add_argument(
+        "--llama-from",
+        type=Path,
+        help="take llama-server's part from this earlier result file instead of running it "
+        "(it does not depend on radixlang's code; recorded as reused)",
+    )
     parser.add_argument("--quick", action="store_true", help="batch 1 and 8, one repeat, short")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_speculative.json")
     args = parser.parse_args(argv)
@@ -556,6 +588,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "bench_speculative",
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "model": files.name,
+        "commit": _commit(),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     steps: list[tuple[str, Callable[[], Any]]] = [
@@ -567,7 +600,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         steps.append(("greedy_equal", lambda: check_equal(files, tokenizer, args)))
         if args.programs:
             steps.append(("greedy_equal_programs", lambda: bench_programs_workloads(args, True)))
-    if args.llama_cpp != "off":
+    if args.llama_from is not None:
+        # Read now: the file may be the one this run writes after each part.
+        earlier = json.loads(args.llama_from.read_text())
+        steps.append(("llama_server", lambda: reused_llama(earlier, args.llama_from)))
+    elif args.llama_cpp != "off":
         steps.append(("llama_server", lambda: bench_llama(tokenizer, args)))
     result["machine"]["loadavg_before"] = load_before
     args.out.parent.mkdir(parents=True, exist_ok=True)

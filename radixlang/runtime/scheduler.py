@@ -325,6 +325,11 @@ class Scheduler:
         blocks only (a draft never evicts a cached prefix or retracts a request), a draft cut
         to the slots its request holds where the pool has too few."""
         assert self.drafter is not None
+        if any(req.num_computed < len(req.prompt_ids) for req, _ in plan):
+            # A step that computes a prompt takes no drafts: they would take its token budget
+            # from the prompt, and the cost rule knows decode steps only (measured: drafts
+            # beside new turns' prompts made multi-turn chat 2-5% slower).
+            return {}
         decodes = [req for req, n in plan if n == 1]
         if not decodes:
             return {}
