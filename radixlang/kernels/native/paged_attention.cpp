@@ -105,14 +105,11 @@ inline Partial partial_at(float* buffer, int dim) {
     return {buffer, buffer + MAX_ROWS, buffer + 2 * MAX_ROWS};
 }
 
-template <int KV_DTYPE, int DIM, bool UNIFORM>
-void attend(const Problem& p, const Item& item, Partial& r) {
-    const int dim = DIM > 0 ? DIM : p.dim;
+// The opening of both paths: the item's query rows (each query's heads of the KV head's group)
+// scaled into `q`, the tokens each row sees and its first, and its softmax statistics reset.
+inline void start_rows(const Problem& p, const Item& item, int dim, float* q, int* limit,
+                       int* first, Partial& r) {
     const int group = p.heads / p.kv_heads;
-    const int rows = item.num_queries * group;
-    float q[MAX_ROWS * MAX_DIM];
-    int limit[MAX_ROWS];  // tokens row i sees
-    int first[MAX_ROWS];  // row i's first visible token (its window's start)
     for (int t = 0; t < item.num_queries; ++t) {
         const int query = item.first_query + t;
         for (int g = 0; g < group; ++g) {
@@ -126,6 +123,17 @@ void attend(const Problem& p, const Item& item, Partial& r) {
             r.sum[row] = 0.0f;
         }
     }
+}
+
+template <int KV_DTYPE, int DIM, bool UNIFORM>
+void attend(const Problem& p, const Item& item, Partial& r) {
+    const int dim = DIM > 0 ? DIM : p.dim;
+    const int group = p.heads / p.kv_heads;
+    const int rows = item.num_queries * group;
+    float q[MAX_ROWS * MAX_DIM];
+    int limit[MAX_ROWS];  // tokens row i sees
+    int first[MAX_ROWS];  // row i's first visible token (its window's start)
+    start_rows(p, item, dim, q, limit, first, r);
     std::fill(r.acc, r.acc + rows * dim, 0.0f);
     const int32_t* table = p.block_tables + p.q_seq[item.first_query] * p.table_stride;
     const int64_t token_stride = static_cast<int64_t>(p.kv_heads) * dim;
@@ -295,19 +303,7 @@ void attend_tiled(const Problem& p, const Item& item, Partial& r) {
     alignas(64) float vb[TILED_CHUNK * DIM];  // V rows as floats
     int limit[MAX_ROWS];
     int first[MAX_ROWS];
-    for (int t = 0; t < item.num_queries; ++t) {
-        const int query = item.first_query + t;
-        for (int g = 0; g < group; ++g) {
-            const int row = t * group + g;
-            const int64_t base = (static_cast<int64_t>(query) * p.heads +
-                                  item.kv_head * group + g) * DIM;
-            for (int d = 0; d < DIM; ++d) q[row * DIM + d] = load(p.q, base + d, p.q_dtype) * p.scale;
-            limit[row] = std::min(p.q_len[query], item.token_end);
-            first[row] = p.q_start ? p.q_start[query] : 0;
-            r.max[row] = -FLT_MAX;
-            r.sum[row] = 0.0f;
-        }
-    }
+    start_rows(p, item, DIM, q, limit, first, r);
     std::fill(q + rows * DIM, q + (rows + PAD_ROWS) * DIM, 0.0f);
     std::fill(r.acc, r.acc + rows * DIM, 0.0f);
     const int32_t* table = p.block_tables + p.q_seq[item.first_query] * p.table_stride;
