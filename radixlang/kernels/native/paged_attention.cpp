@@ -254,7 +254,7 @@ typedef float UnalignedVec __attribute__((vector_size(VW * sizeof(float)), align
 constexpr int TILED_CHUNK = 32;                 // tokens per chunk
 constexpr int CHUNK_VECS = TILED_CHUNK / VW;    // vectors of scores per row and chunk
 constexpr int SCORE_ROWS = VW == 16 ? 6 : 2;  // rows per pass: their scores fill the registers
-constexpr int PAD_ROWS = 8;                     // rows past the last, read but never written
+constexpr int PAD_ROWS = 8;                     // rows past the last, read but never stored
 
 inline Vec load_vec(const float* at) { return *reinterpret_cast<const UnalignedVec*>(at); }
 inline void store_vec(float* at, Vec v) { *reinterpret_cast<UnalignedVec*>(at) = v; }
@@ -304,7 +304,10 @@ void attend_tiled(const Problem& p, const Item& item, Partial& r) {
     int limit[MAX_ROWS];
     int first[MAX_ROWS];
     start_rows(p, item, DIM, q, limit, first, r);
+    // Rows past the last: zero queries, so their scores and weights are 0, never whatever the
+    // stack held (the passes below read up to PAD_ROWS of them).
     std::fill(q + rows * DIM, q + (rows + PAD_ROWS) * DIM, 0.0f);
+    std::fill(w + rows * TILED_CHUNK, w + (rows + PAD_ROWS) * TILED_CHUNK, 0.0f);
     std::fill(r.acc, r.acc + rows * DIM, 0.0f);
     const int32_t* table = p.block_tables + p.q_seq[item.first_query] * p.table_stride;
     const int64_t token_stride = static_cast<int64_t>(p.kv_heads) * DIM;
