@@ -21,7 +21,7 @@ import enum
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,7 +134,10 @@ class Scheduler:
         sliding_window: int | None = None,
         preemption: Preemption | str = Preemption.RECOMPUTE,
         drafter: DraftPlanner | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``clock`` reads the time on the clock of ``Req.arrival`` (``time.perf_counter``);
+        tests pass a fake one to age requests without waiting."""
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if max_running_requests < 1:
@@ -165,6 +168,7 @@ class Scheduler:
         self.sliding_window = sliding_window
         # Speculative decoding: decodes may compute a draft after their token (see _draft).
         self.drafter = drafter
+        self.clock = clock
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.new_token_ratio = INITIAL_NEW_TOKEN_RATIO
@@ -567,7 +571,7 @@ class Scheduler:
     def _least_served_first(self, waiting: list[Req]) -> list[Req]:
         """Requests that waited STARVATION_S first (oldest first), then by their program's
         attained service (tokens computed for it so far), then longest cached prefix."""
-        now = time.perf_counter()
+        now = self.clock()
         service = self.service
 
         def order(r: Req) -> tuple[bool, float, int, float]:

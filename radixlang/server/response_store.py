@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +33,24 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, max_responses: int = MAX_RESPONSES, max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(
+        self,
+        max_responses: int = MAX_RESPONSES,
+        max_age_s: float = MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` reads the time in seconds (monotonic); tests pass a fake one."""
         if max_responses < 1 or max_age_s <= 0:
             raise ValueError("a response store holds at least one response for a positive time")
         self.max_responses = max_responses
         self.max_age_s = max_age_s
+        self._clock = clock
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, rid: str, stored: StoredResponse) -> None:
         with self._lock:
-            stored.stored_at = time.monotonic()
+            stored.stored_at = self._clock()
             self._items[rid] = stored
             self._items.move_to_end(rid)
             self._expire(stored.stored_at)
@@ -52,7 +60,7 @@ class ResponseStore:
     def get(self, rid: str, tenant: str | None) -> StoredResponse | None:
         """The response ``rid`` if it is stored, not expired and ``tenant``'s."""
         with self._lock:
-            self._expire(time.monotonic())
+            self._expire(self._clock())
             stored = self._items.get(rid)
             return stored if stored is not None and stored.tenant == tenant else None
 

@@ -189,7 +189,11 @@ def test_tool_calls_are_nodes_of_their_own_with_their_latency():
         s += sgl.run_tools("step")
         s += sgl.assistant(sgl.gen("answer"))
 
-    agent.run(backend=backend)
+    state = agent.run(backend=backend)
+    # The tool's result reached the answer's prompt (else the model would have called again).
+    (_, step_prompt, _), (_, answer_prompt, _) = backend.calls
+    assert "Oslo: sunny" not in step_prompt and "Oslo: sunny" in answer_prompt
+    assert state["answer"] == "done"
     ((_, graph, status),) = backend.reports
     assert status == "finished"
     (tool,) = [n for n in graph["nodes"] if n["kind"] == "tool"]

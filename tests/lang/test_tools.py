@@ -1,6 +1,6 @@
 """Tools from Python functions and pydantic models, and running a model's calls: at once,
 async ones awaited, and every failure (unknown tool, bad arguments, an exception, a timeout)
-an error result the program goes on with."""
+an error result the program goes on with; a result is a tool turn the next gen's prompt holds."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import threading
 from typing import Literal
 
 import pytest
+from fake_backend import FakeBackend
 from pydantic import BaseModel
 
+import radixlang as sgl
+from radixlang.lang.chat_template import TOOL_RESPONSE
 from radixlang.lang.tools import Tool, ToolCall, as_tool, run_tool_calls
 
 
@@ -144,3 +147,36 @@ def test_a_bad_timeout_is_refused():
     with pytest.raises(ValueError, match="timeout"):
         run_tool_calls([ToolCall("convert", {"value": 1})], [convert], timeout=0)
     assert isinstance(as_tool(convert), Tool)
+
+
+def test_a_tools_result_is_in_the_next_gens_prompt_and_in_the_state():
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        return f"RESULT-7f3a from {city}"
+
+    call = '<tool_call>[{"name": "lookup", "arguments": {"city": "Oslo"}}]</tool_call>'
+    replies = iter([call, "It is RESULT-free."])
+    backend = FakeBackend(reply=lambda prompt, sampling: next(replies))
+
+    @sgl.function
+    def agent(s):
+        s += sgl.user("Weather?")
+        s += sgl.assistant(sgl.gen("step", tools=[lookup]))
+        s += sgl.run_tools("step")
+        s += sgl.assistant(sgl.gen("answer"))
+
+    state = agent.run(backend=backend)
+    (_, first, _), (_, second, _) = backend.calls
+    [result] = state.tool_results("step")
+    assert result.content == "RESULT-7f3a from Oslo" and not result.is_error
+    assert "RESULT-7f3a" not in first
+    # The next gen's prompt: the first prompt, the call, then the result as a tool turn (this
+    # template has no tool role: a user turn, marked), then the assistant's turn opening.
+    tool_turn = TOOL_RESPONSE[0] + "RESULT-7f3a from Oslo" + TOOL_RESPONSE[1]
+    assert second.startswith(first + call)
+    assert tool_turn in second[len(first + call) :]
+    assert second.endswith(tool_turn + "<|im_end|>\n<|im_start|>assistant\n")
+    assert state.text() == second + "It is RESULT-free.<|im_end|>\n"
+    tool_messages = [m for m in state.messages() if m["role"] == "tool"]
+    assert tool_messages == [{"role": "tool", "content": "RESULT-7f3a from Oslo",
+                              "tool_call_id": result.call_id, "name": "lookup"}]  # fmt: skip

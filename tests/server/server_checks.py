@@ -1,8 +1,10 @@
-"""Checks the server tests share: /metrics figures, waiting for idle, no leaked block."""
+"""Checks the server tests share: /metrics figures, waiting for idle, no leaked block, the
+prompt the server renders for a chat."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 
@@ -44,3 +46,19 @@ def assert_no_leak(client: httpx.Client) -> None:
         m["radixlang_kv_blocks_free"] + m["radixlang_kv_blocks_used"]
         == (m["radixlang_kv_blocks_total"])
     )
+
+
+def chat_prompt_ids(
+    engine: Any, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[int]:
+    """The prompt the server renders for a chat of ``messages`` offered ``tools`` (chat
+    completions' shapes, tool_choice "auto"): the model's chat template through the server's
+    own renderer, as token ids."""
+    from radixlang.server import tools as tooling
+    from radixlang.server.common import TokenTexts
+    from radixlang.server.openai import ChatBody, OpenAIRoutes
+
+    routes = OpenAIRoutes(engine, model, TokenTexts(engine.tokenizer))
+    body = ChatBody.model_validate({"model": model, "messages": messages, "tools": tools})
+    choice = tooling.parse_tool_choice(None, tooling.parse_tools(tools))
+    return routes._chat_prompt(body, choice)

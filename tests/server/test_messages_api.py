@@ -4,12 +4,13 @@ cache reads, ``x-api-key``, and Anthropic's error shape naming what is wrong."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
 import jsonschema
 import pytest
-from server_checks import assert_no_leak
+from server_checks import assert_no_leak, chat_prompt_ids
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -89,6 +90,56 @@ def test_a_tool_round_trip(claude, model):
                       for u in uses]}],
     )  # fmt: skip
     assert follow.content and follow.usage.cache_read_input_tokens > 0
+
+
+def test_a_tool_result_is_in_the_prompt_the_next_turn_counts(claude, model, engine):
+    """The result sent back reaches the prompt: ``usage.input_tokens`` (each request under a
+    cache salt of its own, so nothing of it is read from the cache) is the length of the prompt
+    the server renders for the chat with the result in its tool message, and grows by the
+    result's own tokens."""
+    arguments = {"city": "Paris", "unit": "c"}
+    short = "RESULT-7f3a"
+    long = "RESULT-7f3a: 21 degrees, clear sky over the river, wind from the west at 9 km/h"
+    salts = (f"tool-result-{i}" for i in itertools.count())
+
+    def input_tokens(result: str) -> int:
+        m = claude.messages.create(
+            model=model, max_tokens=1, tools=[WEATHER],
+            extra_body={"temperature": 0, "cache_salt": next(salts)},
+            messages=[{"role": "user", "content": "Weather in Paris?"},
+                      {"role": "assistant", "content": [
+                          {"type": "tool_use", "id": "toolu_7f3a", "name": "get_weather",
+                           "input": arguments}]},
+                      {"role": "user", "content": [
+                          {"type": "tool_result", "tool_use_id": "toolu_7f3a",
+                           "content": result}]}],
+        )  # fmt: skip
+        assert m.usage.cache_read_input_tokens == 0
+        return m.usage.input_tokens
+
+    def rendered(result: str) -> list[int]:
+        tool = {"type": "function", "function": {
+            "name": WEATHER["name"], "description": WEATHER["description"],
+            "parameters": WEATHER["input_schema"]}}  # fmt: skip
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "toolu_7f3a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": json.dumps(arguments)}}]},
+            {"role": "tool", "tool_call_id": "toolu_7f3a", "content": result},
+        ]  # fmt: skip
+        return chat_prompt_ids(engine, model, messages, [tool])
+
+    assert f"<|im_start|>tool\n{short}<|im_end|>" in engine.tokenizer.decode(rendered(short))
+    for result in (short, long):
+        assert input_tokens(result) == len(rendered(result)), result
+
+    def n_tokens(text: str) -> int:
+        return len(engine.tokenizer.encode(text, add_special_tokens=False))
+
+    grown = n_tokens(long) - n_tokens(short)
+    assert grown > 0 and input_tokens(long) - input_tokens(short) == grown
+    assert input_tokens("") < input_tokens(short)
 
 
 def test_a_named_tool_streams_its_input_as_json_deltas(claude, model):

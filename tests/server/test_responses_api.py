@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 from openai.types.responses import Response
-from server_checks import assert_no_leak
+from server_checks import assert_no_leak, chat_prompt_ids
 
 from radixlang.server.response_store import ResponseStore, StoredResponse
 
@@ -100,6 +100,48 @@ def test_a_function_tool_round_trip(oai, model):
                 "output": '{"temp": 21}'}],
     )  # fmt: skip
     assert again.output
+
+
+def test_a_function_call_output_is_in_the_prompt_the_next_turn_counts(oai, model, engine):
+    """The output sent back reaches the prompt: ``usage.input_tokens`` is the length of the
+    prompt the server renders for the chat with the output in its tool message, and grows by
+    the output's own tokens."""
+    arguments = '{"city": "Paris", "unit": "c"}'
+    short = "RESULT-7f3a"
+    long = "RESULT-7f3a: 21 degrees, clear sky over the river, wind from the west at 9 km/h"
+
+    def input_tokens(output: str) -> int:
+        r = oai.responses.create(
+            model=model, tools=[WEATHER], max_output_tokens=1, temperature=0,
+            input=[{"role": "user", "content": "Weather in Paris?"},
+                   {"type": "function_call", "call_id": "call_7f3a", "name": "get_weather",
+                    "arguments": arguments},
+                   {"type": "function_call_output", "call_id": "call_7f3a", "output": output}],
+        )  # fmt: skip
+        assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+        return r.usage.input_tokens
+
+    def rendered(output: str) -> list[int]:
+        tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_7f3a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_7f3a", "content": output},
+        ]  # fmt: skip
+        return chat_prompt_ids(engine, model, messages, [tool])
+
+    assert f"<|im_start|>tool\n{short}<|im_end|>" in engine.tokenizer.decode(rendered(short))
+    for output in (short, long):
+        assert input_tokens(output) == len(rendered(output)), output
+
+    def n_tokens(text: str) -> int:
+        return len(engine.tokenizer.encode(text, add_special_tokens=False))
+
+    grown = n_tokens(long) - n_tokens(short)
+    assert grown > 0 and input_tokens(long) - input_tokens(short) == grown
+    assert input_tokens("") < input_tokens(short)
 
 
 def test_a_named_function_call_streams_its_arguments(oai, model):
