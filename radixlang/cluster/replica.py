@@ -92,6 +92,9 @@ class EngineReplica:
     def flush_cache(self, wait: float | None) -> bool:
         return self.engine.flush_cache(wait)
 
+    def release_retained(self, program: str) -> int:
+        return self.engine.release_retained(program)
+
     def memory_report(self) -> dict[str, Any]:
         return self.engine.memory_report().to_dict()
 

@@ -1,10 +1,10 @@
 """N engines as Ray actors behind one engine-like front, for the HTTP server or a program.
 
 ``ReplicaSet`` answers what the server asks an :class:`~radixlang.runtime.engine.Engine`
-(``submit`` returning a :class:`RequestHandle`, ``abort``, ``stats``, ``flush_cache``, the
-tokenizer and model facts), so ``radixlang serve --replicas N`` is the same server over it.
-Each request goes to the replica the :class:`Router` picks; the router follows every replica's
-KV events to know what each has cached.
+(``submit`` returning a :class:`RequestHandle`, ``abort``, ``stats``, ``flush_cache``,
+``release_retained``, the tokenizer and model facts), so ``radixlang serve --replicas N`` is
+the same server over it. Each request goes to the replica the :class:`Router` picks; the router
+follows every replica's KV events to know what each has cached.
 
 One thread per replica long-polls it (``EngineReplica.poll``) and feeds the handles. When a
 replica dies its poll fails: it leaves the rotation, its requests that have streamed nothing
@@ -281,6 +281,21 @@ class ReplicaSet:
                 raise CacheBusyError(str(cause)) from None
             raise
         return True
+
+    def release_retained(self, program: str) -> int:
+        """End ``program``'s retentions on every replica up (as ``Engine.release_retained``);
+        returns how many paths they had retained. Every replica, not only the key's: the
+        router moves a key off a replica that is down or overloaded, so its earlier calls'
+        paths may be retained on another. A replica that fails meanwhile is skipped: it comes
+        back with an empty cache, nothing retained."""
+        up = [r for r in range(self.num_replicas) if self.router.healthy[r]]
+        released = 0
+        for r, ref in [(r, self._actors[r].release_retained.remote(program)) for r in up]:
+            try:
+                released += self._ray.get(ref, timeout=30)
+            except Exception as e:
+                log.warning("replica %d released nothing: %s", r, _cause(e))
+        return released
 
     def check_integrity(self) -> None:
         """Each replica's ``Engine.check_integrity`` (raises the first fault)."""

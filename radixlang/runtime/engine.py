@@ -476,9 +476,10 @@ class Engine:
             raise
         return results[0] if single else results
 
-    def release_retained(self, program: str) -> None:
-        """End the retentions of ``program``'s paths (it ended: nothing will resume them)."""
-        self._call(lambda: self.cache.release(program))
+    def release_retained(self, program: str) -> int:
+        """End the retentions of ``program``'s paths (it ended: nothing will resume them);
+        returns how many paths it had retained."""
+        return self._call(lambda: self.cache.release(program))
 
     def abort(self, request_id: str) -> None:
         """Stop a request wherever it is; its blocks are released (a no-op once finished)."""

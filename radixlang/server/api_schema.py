@@ -505,6 +505,10 @@ _RESPONSES: dict[str, dict[str, Any]] = {
         **_object({"success": {"const": True}}, open_=True),
         "additionalProperties": _INT,
     },
+    # POST /release_program: how many retained paths the program's end released.
+    "ReleaseResult": _object(
+        {"success": {"const": True}, "released": {"type": "integer", "minimum": 0}}
+    ),
     # GET /kv_events (docs/scale_out.md): the radix cache's stored / removed blocks.
     "KvEvents": _object(
         {

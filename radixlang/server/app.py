@@ -9,7 +9,8 @@ Routes, each module's ``APIRouter`` (importable and testable alone), wired by
   ``GET /get_server_info`` (and ``/server_info``), ``GET /memory`` (the engine's
   ``memory_report()``), ``GET /metrics`` (Prometheus text);
 - ``cache_routes``: ``/flush_cache`` (``?timeout=``), ``GET /kv_events``, ``POST /save_cache``
-  (the radix cache to ``--cache-dir`` now; it is also saved at shutdown);
+  (the radix cache to ``--cache-dir`` now; it is also saved at shutdown), ``POST
+  /release_program`` (a program's retained paths, by its routing key);
 - ``token_routes``: ``POST /tokenize``, ``POST /detokenize``, ``POST /abort_request``,
   ``POST /concate_and_append_request``;
 - ``dashboard``: ``/dashboard`` and its JSON API;
@@ -84,9 +85,10 @@ class _RequireKey:
     """With ``--api-key`` or ``--api-keys-file``: every route but /health, /metrics and the
     dashboard's page (static code, no data) needs ``Authorization: Bearer <key>`` (what SGLang's
     and OpenAI's clients send) or ``x-api-key: <key>`` (what Anthropic's send). With a keys
-    file the key's tenant goes into the request's state (``tenant``), which salts its cache use
-    and owns its stored responses. The dashboard's API shows every tenant's prompts, so a
-    tenant's key gets a 403 there: only the operator's ``--api-key`` opens it."""
+    file the key's tenant goes into the request's state (``tenant``), which salts its cache use,
+    scopes its routing keys (its programs' retentions) and owns its stored responses. The
+    dashboard's API shows every tenant's prompts, so a tenant's key gets a 403 there: only the
+    operator's ``--api-key`` opens it."""
 
     OPEN = ("/health", "/metrics", "/dashboard")
     OPEN_PREFIX = "/dashboard/static/"
@@ -297,7 +299,8 @@ def create_app(
             bodies = [("CompletionBody", CompletionBody), ("ChatBody", ChatBody),
                       ("ResponsesBody", responses.ResponsesBody),
                       ("MessagesBody", messages.MessagesBody),
-                      *token_routes.BODIES, ("ProgramReport", ProgramReport)]  # fmt: skip
+                      *token_routes.BODIES, *cache_routes.BODIES,
+                      ("ProgramReport", ProgramReport)]  # fmt: skip
             found = schema.setdefault("components", {})
             found.setdefault("schemas", {}).update(components(bodies))
             if auth:

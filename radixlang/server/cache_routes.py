@@ -1,5 +1,6 @@
 """The server's cache routes: ``/flush_cache`` (GET or POST, ``?timeout=``), ``/kv_events``
-(``?after=``; docs/scale_out.md) and ``/save_cache``."""
+(``?after=``; docs/scale_out.md), ``/save_cache`` and ``/release_program`` (a program ended:
+the paths its calls asked to retain can go)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from radixlang.runtime.engine import CacheBusyError, Engine
-from radixlang.server.common import APIError
+from radixlang.server.api_schema import BODY_ERRORS
+from radixlang.server.common import (
+    MAX_ROUTING_KEY_CHARS,
+    ROUTING_KEY_HEADER,
+    APIError,
+    read_body,
+    routing_key,
+)
 
 TIMEOUT_QUERY = {"name": "timeout", "in": "query", "required": False,
                  "description": "Seconds to wait for requests in flight to finish (default 0).",
@@ -21,6 +30,17 @@ TIMEOUT_QUERY = {"name": "timeout", "in": "query", "required": False,
 AFTER_QUERY = {"name": "after", "in": "query", "required": False,
                "description": "The last event number already read (default 0: from the start).",
                "schema": {"type": "integer", "minimum": 0}}  # fmt: skip
+
+
+class ReleaseProgramBody(BaseModel):
+    """``POST /release_program``: the program whose retentions end, by the routing key its
+    calls carried (else the ``X-Routing-Key`` header names it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    routing_key: str | None = Field(default=None, min_length=1, max_length=MAX_ROUTING_KEY_CHARS)
+
+
+BODIES = [("ReleaseProgramBody", ReleaseProgramBody)]
 
 
 def router(engine: Engine, docs: Callable[..., dict[str, Any]]) -> APIRouter:
@@ -70,6 +90,23 @@ def router(engine: Engine, docs: Callable[..., dict[str, Any]]) -> APIRouter:
             raise APIError(400, "the server was started without --cache-dir", kind="no_cache_dir")
         saved = await run_in_threadpool(engine.save_cache)
         return JSONResponse({"success": True, **saved})
+
+    @routes.post(
+        "/release_program",
+        **docs("ReleaseResult", body="ReleaseProgramBody", errors=BODY_ERRORS),
+    )
+    async def release_program(request: Request) -> JSONResponse:
+        """A program ended: end the retentions of the paths its calls asked to keep
+        (``retain_s``) rather than wait for their deadline. ``released``: how many paths were
+        retained for it (0 for a key unknown or already released: not an error)."""
+        body = await read_body(request, ReleaseProgramBody)
+        # The same scoping as the calls' own keys: a tenant releases only its own programs.
+        key = routing_key(request, body.routing_key)
+        if key is None:
+            raise APIError(400, f"routing_key is required (in the body, or the "
+                           f"{ROUTING_KEY_HEADER} header)", param="routing_key")  # fmt: skip
+        released = await run_in_threadpool(engine.release_retained, key)
+        return JSONResponse({"success": True, "released": released})
 
     return routes
 

@@ -167,8 +167,13 @@ def cache_salt(request: Request, salt: str | None) -> str:
     checked with the body): with an API-keys file, the key's tenant comes first, so tenants
     never share cached prefixes, even with one salt."""
     salt = salt or ""
-    tenant = request.scope.get("state", {}).get("tenant")
+    tenant = request_tenant(request)
     return salt if tenant is None else f"{tenant}\0{salt}"
+
+
+def request_tenant(request: Request) -> str | None:
+    """The tenant of the request's API key (an API-keys file's name for it), else None."""
+    return request.scope.get("state", {}).get("tenant")
 
 
 # The header a client names a routing key with where its body has no field for it.
@@ -180,13 +185,17 @@ MAX_RETAIN_S = 3600.0
 
 def routing_key(request: Request, key: str | None) -> str | None:
     """The routing key of a request (the body's ``routing_key``, else the ``X-Routing-Key``
-    header): in front of several replicas, requests with one key go to one replica."""
+    header) as the engine takes it: the request's program (whose retentions
+    ``/release_program`` ends), and, in front of several replicas, what keeps its requests on
+    one replica. With an API-keys file the key's tenant comes first (as in :func:`cache_salt`),
+    so one tenant's key never names another's program, even spelt the same."""
     if key is None:
         key = request.headers.get(ROUTING_KEY_HEADER) or None
         if key is not None and len(key) > MAX_ROUTING_KEY_CHARS:
             raise APIError(400, f"the {ROUTING_KEY_HEADER} header is longer than "
                            f"{MAX_ROUTING_KEY_CHARS} characters", param="routing_key")  # fmt: skip
-    return key
+    tenant = request_tenant(request)
+    return key if key is None or tenant is None else f"{tenant}\0{key}"
 
 
 def validation_error(error: ValidationError) -> APIError:

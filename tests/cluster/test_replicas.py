@@ -147,6 +147,22 @@ def test_one_replica_per_node_behind_one_endpoint(replicas, endpoint):
     assert 'radixlang_routed_requests_total{reason="key"}' in metrics
 
 
+def test_release_program_reaches_the_replica_that_retains_the_program(replicas, endpoint):
+    def retained() -> int:
+        return int(replicas.stats()["retained_paths"])
+
+    before = retained()
+    with httpx.Client(base_url=endpoint.url, timeout=60) as client:
+        for i in range(2):  # one key: one replica; a path each
+            body = {"text": f"Agent step {i}", "sampling_params": {"max_new_tokens": 2},
+                    "routing_key": "agent-r", "retain_s": 3600}  # fmt: skip
+            assert client.post("/generate", json=body).status_code == 200
+        assert retained() == before + 2
+        out = client.post("/release_program", json={"routing_key": "agent-r"})
+        assert out.status_code == 200 and out.json()["released"] == 2, out.text
+    assert retained() == before
+
+
 @pytest.mark.compares_outputs
 def test_chats_and_forks_match_one_engine_and_cache_aware_routing_computes_less(
     replicas, endpoint, reference

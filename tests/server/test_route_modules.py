@@ -43,6 +43,8 @@ def test_status_routes_alone(engine):
 def test_cache_routes_alone(engine):
     client = alone(cache_routes.router(engine, docs))
     assert client.post("/flush_cache").json()["success"] is True
+    released = client.post("/release_program", json={"routing_key": "nobody"}).json()
+    assert released == {"success": True, "released": 0}
     assert cache_routes.flush_timeout("2.5") == 2.5 and cache_routes.after_number("7") == 7
 
 

@@ -8,6 +8,10 @@ unless ``chat_template=`` is given).
 
 ``report_programs=True`` posts each program run's call graph to the server's dashboard
 (``POST /dashboard/api/programs``), with each call's cache hits.
+
+A program whose calls asked the server to retain their paths (a gen that may call tools) ends
+with ``POST /release_program``, so its paths do not stay retained until their deadline; an
+SGLang server has no such route and is not asked again.
 """
 
 from __future__ import annotations
@@ -19,9 +23,15 @@ from typing import Any
 import httpx
 
 from radixlang.lang.backends.base import Backend, StreamMeta, usage_of
-from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
+from radixlang.lang.backends.http_client import (
+    DEFAULT_TIMEOUT,
+    HTTPBackendError,
+    ServiceClient,
+    check_response,
+)
 from radixlang.lang.chat_template import PLAIN, ChatTemplate, from_jinja
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.routing import current_routing_key
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,8 @@ _TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return
 # select scores the prompt's last few tokens too: where a choice's tokenization departs from
 # the prompt's is found among them (a boundary merge reaches back a token or two).
 _BOUNDARY_WINDOW = 4
+# What a server without /release_program (SGLang's) answers there.
+_NO_ROUTE = (404, 405)
 
 
 class EndpointError(HTTPBackendError):
@@ -51,6 +63,10 @@ class RuntimeEndpoint(Backend):
         self.base_url = base_url.rstrip("/")
         self.report_programs = report_programs
         self._report_failed = False  # warn once, not per program
+        # The programs whose calls asked the server to retain their paths (release_program),
+        # and whether the server has the route that ends that (an SGLang server has not).
+        self._retaining: set[str] = set()
+        self._can_release = True
         self.service = ServiceClient(
             self.base_url, api_key, timeout, transport, EndpointError, _SERVER
         )
@@ -73,6 +89,7 @@ class RuntimeEndpoint(Backend):
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompt: str, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._note_retention(sampling)
         out = self.service.post("/generate", _generate_body(prompt, sampling))
         return out["text"], _meta_info(out)
 
@@ -83,6 +100,7 @@ class RuntimeEndpoint(Backend):
         counts so far and, with ``return_logprob``, the tokens' logprobs (every token's so far,
         or only the event's with SGLang's incremental streaming: both are taken). Yields each
         event's new text with its chunk meta_info, then the whole meta_info."""
+        self._note_retention(sampling)
         body = _generate_body(prompt, sampling)
         body["stream"] = True
         sent = ""
@@ -109,6 +127,33 @@ class RuntimeEndpoint(Backend):
 
     def flush_cache(self) -> bool:
         return self.service.request("POST", "/flush_cache", check=False).status_code == 200
+
+    # ---- retention ---------------------------------------------------------------------------
+    def _note_retention(self, sampling: dict[str, Any]) -> None:
+        """Remember the program of a call that asks to retain its path: it is the server's
+        program key (the ``X-Routing-Key`` its requests carry), released when the run ends."""
+        key = current_routing_key()
+        if sampling.get("retain_s") and key is not None:
+            self._retaining.add(key)
+
+    def release_program(self, key: str) -> None:
+        """End the server's retentions of ``key``'s paths. Never raises: the program has ended,
+        and a failure only leaves the paths to their deadline (a warning says so)."""
+        if key not in self._retaining:
+            return
+        self._retaining.discard(key)
+        if not self._can_release:
+            return
+        try:
+            body = {"routing_key": key}
+            response = self.service.request("POST", "/release_program", body, check=False)
+            if response.status_code in _NO_ROUTE:
+                self._can_release = False  # no such route (SGLang): the deadline bounds them
+                return
+            check_response(response, EndpointError, _SERVER)
+        except Exception as e:
+            log.warning("could not release program %r's retained paths on %s (they stay "
+                        "until their deadline): %s", key, self.base_url, e)  # fmt: skip
 
     # ---- select ------------------------------------------------------------------------------
     def select(
