@@ -122,11 +122,18 @@ def build(name: str) -> Path:
         ]
         try:
             for command in steps:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-                if done.returncode != 0:
+                try:
+                    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+                except (OSError, subprocess.SubprocessError) as exc:
                     raise NativeBuildError(
-                        f"building {name}.cpp failed ({' '.join(command)}):\n{done.stderr[-4000:]}"
+                        f"building {name}.cpp failed ({' '.join(command)}): {exc}"
+                    ) from exc
+                if done.returncode != 0:
+                    output = (done.stderr + done.stdout).strip()
+                    raise NativeBuildError(
+                        f"building {name}.cpp failed ({' '.join(command)}):\n{output[-4000:]}"
                     )
+            # Only a finished build gets the cached name: a failed one leaves nothing to reuse.
             os.replace(tmp, target)
         finally:
             for path in (tmp, obj):
@@ -150,10 +157,16 @@ def load(name: str) -> ctypes.CDLL:
         raise NativeBuildError(f"loading {path} failed: {exc}") from exc
 
 
+def disabled() -> bool:
+    """``RADIXLANG_NATIVE=0``: the native kernels are not tried."""
+    return os.environ.get("RADIXLANG_NATIVE", "1") == "0"
+
+
 def usable(load_library: Callable[[], object], what: str) -> bool:
     """Whether ``load_library()`` builds and loads here; ``RADIXLANG_NATIVE=0`` says no without
-    trying. A failure warns, with the compiler's message, and the caller takes its torch path."""
-    if os.environ.get("RADIXLANG_NATIVE", "1") == "0":
+    trying. A failure warns, with the compiler's message, and the caller takes its torch path
+    (the callers cache the answer, so the warning comes once per library and process)."""
+    if disabled():
         return False
     try:
         load_library()
@@ -161,3 +174,21 @@ def usable(load_library: Callable[[], object], what: str) -> bool:
         warnings.warn(f"{what} unavailable, using torch: {exc}", stacklevel=3)
         return False
     return True
+
+
+def skip_reason(load_library: Callable[[], object]) -> str | None:
+    """For tests: why the tests of ``load_library()``'s kernels skip here, or ``None`` once it
+    is built and loaded.
+
+    Only two things are reasons to skip: ``RADIXLANG_NATIVE=0``, and no C++ compiler on the
+    PATH (:func:`find_compiler`). Where a compiler is found, a build that fails is a failure:
+    the :class:`NativeBuildError` raised, which carries the compiler's output, propagates.
+    """
+    if disabled():
+        return "RADIXLANG_NATIVE=0"
+    try:
+        find_compiler()
+    except NativeBuildError as exc:
+        return str(exc)
+    load_library()
+    return None

@@ -9,7 +9,14 @@ from dense_attention import dense_attention, make_paged_case
 import radixlang.kernels as kernels
 from radixlang.kernels import native, native_build, reference
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler here")
+
+@pytest.fixture(scope="module", autouse=True)
+def native_kernel():
+    """Skip where no C++ compiler is found; where one is, a failed build fails every test here
+    with the compiler's message (pytest keeps the module fixture's error)."""
+    if reason := native_build.skip_reason(native._library):
+        pytest.skip(reason)
+
 
 SHAPES = [  # (heads, kv_heads, head_dim, block_size)
     (9, 3, 64, 16),  # the default model's heads

@@ -3,10 +3,15 @@
 import pytest
 import torch
 
-from radixlang.kernels import native_linear
+from radixlang.kernels import native_build, native_linear
 from radixlang.runtime.models.linear import Int8Linear, Linear, make_linear
 
-pytestmark = pytest.mark.skipif(not native_linear.available(), reason="no C++ compiler here")
+
+@pytest.fixture(scope="module", autouse=True)
+def native_kernel():
+    """Skip where no C++ compiler is found; a failed build fails with the compiler's message."""
+    if reason := native_build.skip_reason(native_linear._library):
+        pytest.skip(reason)
 
 
 def dequantized(weight: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_model
 
-from radixlang.kernels import invariant_linear, native, reference
+from radixlang.kernels import invariant_linear, native, native_build, reference
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 
@@ -132,8 +132,8 @@ PATHS = {
 def test_every_request_gets_the_same_bits_alone_and_in_mixed_batches(
     folder, dtype, path, monkeypatch
 ):
-    if path == "native" and not native.available():
-        pytest.skip("the native kernels did not build here")
+    if path == "native" and (reason := native_build.skip_reason(native._library)):
+        pytest.skip(reason)
     for name, value in PATHS[path].items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(invariant_linear, "available", lambda: path == "native")
@@ -250,8 +250,8 @@ def test_int8_weights_are_batch_invariant(folder, dtype):
     so the mode takes it as it is."""
     from radixlang.kernels import native_linear
 
-    if not native_linear.available():
-        pytest.skip("the native kernels did not build here")
+    if reason := native_build.skip_reason(native_linear._library):
+        pytest.skip(reason)
     runner = ModelRunner(
         folder, dtype=dtype, num_blocks=128, block_size=4, quantization="int8", deterministic=True
     )
@@ -263,8 +263,8 @@ def test_int8_weights_are_batch_invariant(folder, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_invariant_linear_gives_each_row_the_same_bits_at_every_batch_size(dtype):
-    if not invariant_linear.available():
-        pytest.skip("the native kernels did not build here")
+    if reason := native_build.skip_reason(invariant_linear._library):
+        pytest.skip(reason)
     torch.manual_seed(0)
     weight, bias = torch.randn(45, 1536).to(dtype), torch.randn(45)
     packed = invariant_linear.pack(weight, bias)
