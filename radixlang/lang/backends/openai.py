@@ -19,11 +19,19 @@ completions request's ``json_schema`` extra (SGLang's). OpenAI's own service
 are regexes) and no JSON schema on completions: those raise ``NotImplementedError`` before a
 request is sent. A Lark ``grammar=`` is not part of any OpenAI-compatible API here and always
 raises.
+
+Retention: a chat call that offers tools makes a radixlang server retain its path under the
+program's routing key (the ``X-Routing-Key`` header every call carries, lang/routing.py), as the
+program will be back with the tools' results. A program whose calls did that ends with ``POST
+/release_program`` at the server's root (the base URL without its ``/v1``), so its paths do not
+stay retained until their deadline. A service without the route (vLLM, SGLang) is not asked
+again; OpenAI's own service is never asked.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -31,12 +39,22 @@ from typing import Any
 import httpx
 
 from radixlang.lang.backends.base import Backend
-from radixlang.lang.backends.http_client import DEFAULT_TIMEOUT, HTTPBackendError, ServiceClient
+from radixlang.lang.backends.http_client import (
+    DEFAULT_TIMEOUT,
+    HTTPBackendError,
+    ServiceClient,
+    check_response,
+)
 from radixlang.lang.chat_template import PLAIN, ChatTemplate
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
+from radixlang.lang.routing import current_routing_key
 from radixlang.sampling_fields import SAMPLING_FIELDS
 
+log = logging.getLogger(__name__)
+
 _SERVICE = "the OpenAI-compatible service"
+# What a service without /release_program (vLLM's, SGLang's) answers there.
+_NO_ROUTE = (404, 405)
 # The sampling fields an OpenAI-style request carries under their own names (beams and
 # logit_bias are not sent from programs; json_schema goes as response_format, below). OpenAI's
 # own fields are sent always; the others (vLLM and SGLang extras) only when not the default.
@@ -77,6 +95,11 @@ class OpenAI(Backend):
         self.is_chat_model = is_chat_model
         # OpenAI's own service, which takes none of the extras other services do.
         self.official = "api.openai.com" in self.base_url
+        # The programs whose calls made the service retain their paths (release_program), and
+        # whether it has the route that ends that (only a radixlang server has; OpenAI's own
+        # service is never asked).
+        self._retaining: set[str] = set()
+        self._can_release = not self.official
         self.chat_template = chat_template or (CHAT_MESSAGES if is_chat_model else PLAIN)
 
     def get_chat_template(self) -> ChatTemplate:
@@ -90,6 +113,7 @@ class OpenAI(Backend):
             "prompt": prompt,
             **_params(sampling, chat=False, official=self.official),
         }
+        self._note_retention(body)
         out = self.service.post("/completions", body)
         choice = out["choices"][0]
         return choice.get("text") or "", _meta_info(out, choice, chat=False)
@@ -103,6 +127,7 @@ class OpenAI(Backend):
             "prompt": prompt,
             **_params(sampling, chat=False, official=self.official),
         }
+        self._note_retention(body)
         yield from _pieces(self.service.events("/completions", _streaming(body)), chat=False)
 
     # ---- chat completions --------------------------------------------------------------------
@@ -114,6 +139,7 @@ class OpenAI(Backend):
             "messages": _api_messages(messages),
             **_params(sampling, chat=True, official=self.official),
         }
+        self._note_retention(body)
         out = self.service.post("/chat/completions", body)
         choice = out["choices"][0]
         message = choice.get("message") or {}
@@ -130,7 +156,37 @@ class OpenAI(Backend):
             "messages": _api_messages(messages),
             **_params(sampling, chat=True, official=self.official),
         }
+        self._note_retention(body)
         yield from _pieces(self.service.events("/chat/completions", _streaming(body)), chat=True)
+
+    # ---- retention ---------------------------------------------------------------------------
+    def _note_retention(self, body: dict[str, Any]) -> None:
+        """Remember the program of a call that makes a radixlang server retain its path (one
+        that offers tools, which retains by default, or sends ``retain_s``): the server keeps
+        it under the ``X-Routing-Key`` the call carries, released when the run ends."""
+        key = current_routing_key()
+        if key is not None and self._can_release and (body.get("tools") or body.get("retain_s")):
+            self._retaining.add(key)
+
+    def release_program(self, key: str) -> None:
+        """End the server's retentions of ``key``'s paths (``POST /release_program`` at the
+        server's root). Never raises: the program has ended, and a failure only leaves the
+        paths to their deadline (a warning says so)."""
+        if key not in self._retaining:
+            return
+        self._retaining.discard(key)
+        if not self._can_release:
+            return
+        try:
+            url = _server_root(self.base_url) + "/release_program"
+            response = self.service.request("POST", url, {"routing_key": key}, check=False)
+            if response.status_code in _NO_ROUTE:
+                self._can_release = False  # not a radixlang server: the deadline bounds them
+                return
+            check_response(response, OpenAIError, _SERVICE)
+        except Exception as e:
+            log.warning("could not release program %r's retained paths on %s (they stay "
+                        "until their deadline): %s", key, self.base_url, e)  # fmt: skip
 
     # ---- select ------------------------------------------------------------------------------
     def select(
@@ -198,6 +254,12 @@ class OpenAI(Backend):
 
     def shutdown(self) -> None:
         self.service.close()
+
+
+def _server_root(base_url: str) -> str:
+    """A radixlang server's root, where its non-OpenAI routes are: the base URL without its
+    ``/v1``."""
+    return base_url.removesuffix("/v1")
 
 
 def _params(sampling: dict[str, Any], chat: bool, official: bool = False) -> dict[str, Any]:
