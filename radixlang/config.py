@@ -199,6 +199,26 @@ def _origins_check(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _step_cost_check(value: Any) -> tuple[float, float, float]:
+    description = (
+        "three milliseconds, a decode step's fixed cost, per sequence and per token, such as "
+        "[19, 1, 0.4] (the first > 0, the others >= 0)"
+    )
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError(description)
+    numbers = [_number_kind(description).check(v) for v in value]
+    if numbers[0] <= 0:
+        raise ValueError(description)
+    return (numbers[0], numbers[1], numbers[2])
+
+
+def _step_cost_parse(text: str) -> tuple[float, float, float]:
+    try:
+        return _step_cost_check([float(v) for v in text.split(",")])
+    except ValueError:
+        return _step_cost_check(None)  # the description, not float()'s message
+
+
 def _check_threads(threads: Any) -> int | None:
     if threads is not None and (not _is_int(threads) or threads < 1):
         raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
@@ -224,6 +244,13 @@ PORT = _int_kind("a port number from 0 to 65535", lambda v: 0 <= v <= 65535, "PO
 SECONDS = _number_kind("a number of seconds >= 0")
 POSITIVE_SECONDS = _number_kind("a number of seconds > 0", positive=True)
 FRACTION = _fraction_kind("a number from 0 to 1")
+STEP_COST = Kind(
+    "three milliseconds, a decode step's fixed cost, per sequence and per token, such as "
+    "[19, 1, 0.4] (the first > 0, the others >= 0)",
+    _step_cost_check,
+    _step_cost_parse,
+    metavar="MS,MS,MS",
+)
 SIZE = Kind(
     "a size such as '512MiB' or '2GiB', or a number of bytes",
     _size_check,
@@ -317,7 +344,8 @@ ENGINE_SETTINGS = (
             python_check=_check_threads),
     Setting("engine", "adapt_threads", BOOL, None,
             "lower the forward's CPU threads while other processes keep cores busy, raise them "
-            "again after (default: on for CPUs without a fixed thread count)"),
+            "again after (default: on for CPUs without a fixed thread count, unless "
+            "$RADIXLANG_ADAPT_THREADS is 0)"),
     Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), "none",
             "weights: none (the dtype's; the default), int8 (weight-only, one scale per "
             "output row; CPUs)"),
@@ -368,6 +396,10 @@ ENGINE_SETTINGS = (
             "forward, as many tokens per request as its acceptance pays for"),
     Setting("engine", "speculative_num_draft_tokens", POSITIVE_INT, 8,
             "the most draft tokens one request verifies in a step"),
+    Setting("engine", "speculative_step_cost_ms", STEP_COST, None,
+            "pin the drafts' cost model to a decode step's milliseconds: fixed, per sequence, "
+            "per token (e.g. 19,1,0.4); default: learnt from the engine's own steps. Pinned, "
+            "the drafts taken depend on the requests alone, not on the machine's speed or load"),
     Setting("engine", "check_integrity_every_step", BOOL, False,
             "check the block pool's and the radix cache's invariants after every step (slow; "
             "for debugging)"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 
 import interegular
 import pytest
@@ -294,22 +293,19 @@ def test_dtype_regexes_agree_with_re(name):
 
 # ---- the default model's tokenizer -------------------------------------------------------------
 @pytest.mark.slow
-def test_default_tokenizer_masks_are_fast_and_right():
+def test_default_tokenizer_masks_are_right():
     from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
     tokenizer = load_model_files(DEFAULT_MODEL).load_tokenizer()
     vocab = token_vocabulary(tokenizer, 49152)
     eos = [tokenizer.eos_token_id]
-    # Every state's mask, the vocabulary aside (built once per tokenizer): a few ms on an idle
-    # machine. The bound only guards against a blow-up (a walk over the whole vocabulary per
-    # state would take seconds); it leaves room for a machine busy with other tests, where
-    # torch's small ops wait for cores. 41 states: three phrases then three digits.
+    # Every state's mask (41 states: three phrases then three digits) has allowed tokens. How
+    # fast they are is bench_grammar_engines' figure, not a test's (a time says how busy the
+    # machine is).
     for regex in (r"[-+]?[0-9]+", r"(the quick brown fox|jumps over|lazy dog)[0-9]{3}"):
-        start = time.perf_counter()
         g = RegexGuide(regex, tokenizer, eos, 49152)
         for state in g.states:
-            g.state_mask(state)
-        assert time.perf_counter() - start < 5.0
+            assert g.state_mask(state).mask.any()
     g = RegexGuide(r'"[^"\n]*"', tokenizer, eos, 49152)
     c = g.new_constraint()
     first = allowed(c)

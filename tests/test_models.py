@@ -92,22 +92,20 @@ def test_converted_weights_give_the_gguf_models_logits(default_files):
 @pytest.mark.slow
 def test_second_call_in_a_new_process_reuses_the_cache(default_files):
     # A new process must find the converted folder without converting again: conversion is
-    # replaced by a failure there, and the call is timed end to end.
+    # replaced by a failure there. (Not timed: a time says how busy the machine is; the
+    # folder is found by the file's size, without reading the file.)
     code = (
-        "import time; t = time.perf_counter()\n"
         "import radixlang.model_files as m\n"
         "def fail(*a, **k): raise SystemExit('converted again')\n"
         "m.convert_gguf = fail\n"
         "f = m.load_model_files('smollm2-135m-instruct')\n"
-        "print(f.path, time.perf_counter() - t)\n"
+        "print(f.path)\n"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
-    path, seconds = out.stdout.split()
-    assert Path(path) == default_files.path
-    assert float(seconds) < 3.0
+    assert Path(out.stdout.strip()) == default_files.path
 
 
 # ---- atomic publication ------------------------------------------------------------------------

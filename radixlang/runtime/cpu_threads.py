@@ -11,6 +11,12 @@ process's own ``/proc/self/stat``) and, between steps, sets torch's thread count
 left free, rounded, at least one; with nothing else running it keeps every core. It reads two
 small files every ``interval_s`` (default half a second) and does nothing on systems without
 them.
+
+Whether an engine adapts by default (``adapt_by_default``): on a CPU without a fixed thread
+count, unless ``$RADIXLANG_ADAPT_THREADS`` says otherwise ("0" or "1"). The test suite sets it
+to "0": torch's thread count is process-wide, so a governor reacting to the machine's load
+would change the threads under comparisons of outputs between engines (and the rounding
+that follows from the split of a sum).
 """
 
 from __future__ import annotations
@@ -24,6 +30,17 @@ import torch
 
 PROC_STAT = Path("/proc/stat")
 PROC_SELF_STAT = Path("/proc/self/stat")
+ADAPT_ENV = "RADIXLANG_ADAPT_THREADS"
+
+
+def adapt_by_default(threads: int | None, device_type: str) -> bool:
+    """Whether an engine whose ``adapt_threads`` is not given runs a governor."""
+    forced = os.environ.get(ADAPT_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{ADAPT_ENV} must be 0 or 1; got {forced!r}")
+        return forced == "1" and device_type == "cpu"
+    return threads is None and device_type == "cpu"
 
 
 def machine_busy_ticks(stat_text: str) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from radixlang.runtime.beam_search import (
     split_beam_rows,
 )
 from radixlang.runtime.block_pool import BlockPool
-from radixlang.runtime.cpu_threads import ThreadGovernor
+from radixlang.runtime.cpu_threads import ThreadGovernor, adapt_by_default
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
 from radixlang.runtime.dtype_choice import choose_dtype
 from radixlang.runtime.engine_view import block_owners, request_rows, tree_view
@@ -192,7 +192,8 @@ class Engine:
     of its salt, the radix cache's path after its tokens), computed in the same forward and
     taken as far as the model agrees (``runtime/speculative/``); at most
     ``speculative_num_draft_tokens`` per request and step, as many as its recent acceptance
-    pays for on this device.
+    pays for on this device: what a step costs is learnt from the engine's steps, or pinned
+    with ``speculative_step_cost_ms`` (then the drafts taken do not depend on load).
 
     ``deterministic`` (deterministic inference): a request's logits, and so its greedy tokens,
     its seeded samples and its logprobs, are bitwise the same whatever else runs in its batch,
@@ -263,7 +264,7 @@ class Engine:
             torch.set_num_threads(self.threads)  # on the thread that runs the forwards
         adapt = config.adapt_threads
         if adapt is None:
-            adapt = self.threads is None and torch.device(config.device).type == "cpu"
+            adapt = adapt_by_default(self.threads, torch.device(config.device).type)
         self._governor = ThreadGovernor() if adapt else None
         self.runner = ModelRunner(
             config.model,
@@ -316,8 +317,13 @@ class Engine:
         # Speculative decoding: drafts from the text already there (runtime/speculative).
         self.drafter: Drafter | None = None
         if config.speculative == "ngram":
-            prior = GPU_PRIOR if self.runner.device.type == "cuda" else CPU_PRIOR
-            self.drafter = Drafter(self.cache, StepCost(prior), config.speculative_num_draft_tokens)
+            pinned = config.speculative_step_cost_ms
+            if pinned is not None:  # fixed: drafts follow the requests, not the machine's load
+                c0, c1, c2 = (ms / 1e3 for ms in pinned)
+                cost = StepCost((c0, c1, c2), learn=False)
+            else:
+                cost = StepCost(GPU_PRIOR if self.runner.device.type == "cuda" else CPU_PRIOR)
+            self.drafter = Drafter(self.cache, cost, config.speculative_num_draft_tokens)
         self.scheduler = Scheduler(
             self.pool,
             self.cache,

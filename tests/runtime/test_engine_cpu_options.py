@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from radixlang.runtime import Engine
+from radixlang.runtime.cpu_threads import ADAPT_ENV
 from radixlang.runtime.models.linear import Int8Linear, Linear
 
 GREEDY = {"temperature": 0, "ignore_eos": True, "max_new_tokens": 6}
@@ -57,7 +58,8 @@ def test_unknown_quantization_is_refused(chat_model_dir):
         stepped(chat_model_dir, quantization="int3")
 
 
-def test_threads_adapt_by_default_on_cpu_and_stay_fixed_when_given(chat_model_dir):
+def test_threads_adapt_by_default_on_cpu_and_stay_fixed_when_given(chat_model_dir, monkeypatch):
+    monkeypatch.delenv(ADAPT_ENV)  # the suite's own default (tests/conftest.py) aside
     before = torch.get_num_threads()
     try:
         adaptive = stepped(chat_model_dir)
@@ -70,5 +72,21 @@ def test_threads_adapt_by_default_on_cpu_and_stay_fixed_when_given(chat_model_di
         assert fixed.stats()["cpu_threads"] == 1
         off = stepped(chat_model_dir, adapt_threads=False)
         assert off._governor is None and "cpu_thread_changes" not in off.stats()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_environment_sets_whether_engines_adapt_by_default(chat_model_dir, monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(ADAPT_ENV, "0")  # what tests/conftest.py sets for the suite
+        assert stepped(chat_model_dir)._governor is None
+        assert stepped(chat_model_dir, adapt_threads=True)._governor is not None  # asked for
+        monkeypatch.setenv(ADAPT_ENV, "1")
+        assert stepped(chat_model_dir, threads=1)._governor is not None
+        assert stepped(chat_model_dir, adapt_threads=False)._governor is None
+        monkeypatch.setenv(ADAPT_ENV, "yes")
+        with pytest.raises(ValueError, match="RADIXLANG_ADAPT_THREADS must be 0 or 1"):
+            stepped(chat_model_dir)
     finally:
         torch.set_num_threads(before)

@@ -9,14 +9,21 @@ from __future__ import annotations
 import random
 
 import pytest
-from tiny_models import make_tiny_model
-from tiny_models import stepped_engine as engine
+from tiny_models import make_tiny_model, stepped_engine
 
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.request import GenerateRequest, RequestError
 
 VOCAB = 160
 GREEDY = {"temperature": 0, "ignore_eos": True}
+# Retentions here last an hour (deadlines are wall-clock time): none may expire on a slow or
+# loaded machine before the test looks. Deadlines are tested with an explicit time.
+HOUR = 3600.0
+
+
+def engine(folder, **kw) -> Engine:
+    kw.setdefault("retain_max_s", HOUR)
+    return stepped_engine(folder, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def call(e: Engine, tokens: list[int], program: str | None = None, retain: float
 def test_a_retained_path_outlives_plain_ones_and_its_program_resumes_from_it(folder):
     e = engine(folder, num_blocks=40)  # 160 tokens: the agent's path and one more, at most
     agent = prompt(0)
-    first = call(e, agent, "agent", retain=60)
+    first = call(e, agent, "agent", retain=HOUR)
     assert e.stats()["retained_paths"] == 1
     for i in range(1, 6):  # other traffic, without retention, fills the pool several times
         call(e, prompt(i), new=8)
@@ -52,7 +59,7 @@ def test_a_retained_path_outlives_plain_ones_and_its_program_resumes_from_it(fol
     assert stats["evicted_blocks"] > 0 and stats["retained_evicted_blocks_total"] == 0
     # The agent is back with its tool's result: all it had (but the last, uncomputed, output
     # token) is still cached.
-    resumed = call(e, agent + first.output_ids + prompt(99, 6), "agent", retain=60)
+    resumed = call(e, agent + first.output_ids + prompt(99, 6), "agent", retain=HOUR)
     assert resumed.cached_tokens == len(agent) + len(first.output_ids) - 1
 
 
@@ -70,7 +77,7 @@ def test_a_pool_full_of_retained_paths_still_admits_new_requests(folder):
     # Retention may take the whole pool here (share 1.0): only eviction order protects it.
     e = engine(folder, num_blocks=48, retain_max_share=1.0)
     for i in range(12):  # twelve programs paused at tool calls: far more than the pool holds
-        call(e, prompt(i, 12), f"program-{i}", retain=60)
+        call(e, prompt(i, 12), f"program-{i}", retain=HOUR)
     stats = e.stats()
     assert stats["retained_blocks"] > 0.5 * stats["blocks_total"]
     assert stats["blocks_free"] + stats["blocks_evictable"] == stats["blocks_total"]
@@ -90,14 +97,14 @@ def test_a_pool_full_of_retained_paths_still_admits_new_requests(folder):
 def test_retention_is_bounded_by_its_share_of_the_pool(folder):
     e = engine(folder, num_blocks=64, retain_max_share=0.25)
     for i in range(10):
-        call(e, prompt(i, 20), f"program-{i}", retain=60)
+        call(e, prompt(i, 20), f"program-{i}", retain=HOUR)
     assert e.stats()["retained_blocks"] <= 16
 
 
 def test_the_host_tier_keeps_a_retained_path_that_must_leave_the_pool(folder):
     e = engine(folder, num_blocks=40, host_tier_memory="2MiB", retain_max_share=1.0)
     agent = prompt(0)
-    first = call(e, agent, "agent", retain=60)
+    first = call(e, agent, "agent", retain=HOUR)
     for i in range(1, 4):  # each needs the whole pool: the retained path must go too
         call(e, prompt(i, 150), new=6)
     assert e.stats()["retained_evicted_blocks_total"] > 0
@@ -109,15 +116,15 @@ def test_the_host_tier_keeps_a_retained_path_that_must_leave_the_pool(folder):
 
 def test_release_and_deadlines_end_retention(folder):
     e = engine(folder, num_blocks=64)
-    call(e, prompt(0), "a", retain=60)
-    call(e, prompt(1), "b", retain=60)
+    call(e, prompt(0), "a", retain=HOUR)
+    call(e, prompt(1), "b", retain=HOUR)
     e.release_retained("a")
     assert e.stats()["retained_keys"] == 1
     e.cache.expire_retentions(now=float("inf"))
     assert e.stats()["retained_keys"] == 0
     # retain_max_s cuts a longer ask; 0 turns retention off.
     off = engine(folder, num_blocks=64, retain_max_s=0)
-    call(off, prompt(0), "a", retain=60)
+    call(off, prompt(0), "a", retain=HOUR)
     assert off.stats()["retained_total"] == 0
 
 

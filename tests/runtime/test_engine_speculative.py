@@ -4,6 +4,9 @@ first tokens a sampled request draws after a draft have the model's distribution
 test over 20,000 samples); drafts from the radix cache; overlapped scheduling; and every KV
 block back in the pool.
 
+The drafter's step cost is pinned (``stepped_engine``): the counts of drafts and steps asserted
+here follow from the requests alone, not from the machine's speed.
+
 Comparisons run in deterministic mode, where a token's logits are bitwise the same whether a
 decode step or a verifying extend computes them (in the default mode they may differ in the
 last bits, as they do between batches, and a near tie can go the other way)."""
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama_with_tokenizer, make_tiny_model
+from tiny_models import PINNED_STEP_COST_MS, make_tiny_llama_with_tokenizer, make_tiny_model
 from tiny_models import stepped_engine as engine
 
 from radixlang.runtime.engine import Engine
@@ -198,6 +201,7 @@ def _second_tokens(folder, speculative: str) -> tuple[torch.Tensor, dict]:
         dtype="float32",
         background=False,
         speculative=speculative,
+        speculative_step_cost_ms=PINNED_STEP_COST_MS,
         deterministic=True,
         max_running_requests=512,
     )

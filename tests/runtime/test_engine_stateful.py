@@ -48,7 +48,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from tiny_models import make_tiny_llama_with_tokenizer
+from tiny_models import PINNED_STEP_COST_MS, make_tiny_llama_with_tokenizer
 
 from radixlang.runtime import engine as engine_module
 from radixlang.runtime.block_pool import RELEASED, blocks_for
@@ -131,9 +131,18 @@ class EngineMachine(RuleBasedStateMachine):
         super().__init__()
         self.folder = folder
         # With speculative decoding on, the engine under test drafts (deterministic mode, so
-        # that a verified token's logits are bitwise a decode's); the reference does not.
+        # that a verified token's logits are bitwise a decode's; its step cost pinned, so that
+        # what it drafts does not depend on the machine's load); the reference does not.
         self.speculative = speculative
-        self.extra = {"speculative": "ngram", "deterministic": True} if speculative != "off" else {}
+        self.extra = (
+            {
+                "speculative": "ngram",
+                "deterministic": True,
+                "speculative_step_cost_ms": PINNED_STEP_COST_MS,
+            }
+            if speculative != "off"
+            else {}
+        )
         # Shared across programs: num_blocks -> reference engine, and the results run alone.
         self.references = shared.setdefault("engines", {})
         self.alone_cache = shared.setdefault("alone", {})

@@ -19,6 +19,7 @@ class Rows:
     calls: ClassVar[list[tuple[str, tuple[int, ...]]]] = []
     delay = 0.0
     fail = False
+    gate: threading.Event | None = None  # a fill waits for it where set
 
     def __init__(self, allowed: int) -> None:
         self.allowed = allowed
@@ -26,6 +27,8 @@ class Rows:
     @staticmethod
     def batch_allowed_masks(constraints, width):
         time.sleep(Rows.delay)
+        if Rows.gate is not None:
+            assert Rows.gate.wait(60), "the test never opened the gate"
         Rows.calls.append((threading.current_thread().name, tuple(c.allowed for c in constraints)))
         if Rows.fail:
             raise RuntimeError("fill failed")
@@ -37,7 +40,10 @@ class Rows:
 
 @pytest.fixture(autouse=True)
 def reset():
-    Rows.calls, Rows.delay, Rows.fail = [], 0.0, False
+    Rows.calls, Rows.delay, Rows.fail, Rows.gate = [], 0.0, False, None
+    yield
+    if Rows.gate is not None:  # a failed test leaves no fill waiting on it
+        Rows.gate.set()
 
 
 def test_prefetched_masks_are_filled_on_the_worker_and_taken():
@@ -68,12 +74,18 @@ def test_other_rows_than_prefetched_are_filled_now():
 
 
 def test_settle_waits_for_a_fill_nobody_took():
+    """The fill is held on a gate (not a time): settle must still be waiting while it is
+    closed, and return once the fill is done."""
     filler = MaskFiller(overlap=True)
-    Rows.delay = 0.2
+    Rows.gate = threading.Event()
     filler.prefetch(Rows, [Rows(1)], 4)
-    started = time.perf_counter()
-    filler.settle()
-    assert time.perf_counter() - started > 0.1 and len(Rows.calls) == 1
+    settling = threading.Thread(target=filler.settle)
+    settling.start()
+    settling.join(0.3)
+    assert settling.is_alive() and Rows.calls == []  # waits for the fill in progress
+    Rows.gate.set()
+    settling.join(60)
+    assert not settling.is_alive() and len(Rows.calls) == 1
     filler.close()
 
 

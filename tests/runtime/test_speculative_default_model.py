@@ -68,6 +68,8 @@ def _run(files, tokenizer, speculative: str):
         kv_memory="256MiB",
         deterministic=True,
         speculative=speculative,
+        # Pinned: the tokens per verification asserted below follow from the requests alone.
+        speculative_step_cost_ms=(19.0, 1.0, 0.4),
         check_integrity_every_step=True,
     )
     try:

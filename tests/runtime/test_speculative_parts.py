@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import make_tiny_model
@@ -100,6 +101,63 @@ def test_step_cost_learns_a_device_from_its_steps():
             cost.observe(seqs, tokens, truth[0] + truth[1] * seqs + truth[2] * tokens)
     assert cost.per_token == pytest.approx(truth[2], rel=0.05)
     assert cost.seconds(8, 40) == pytest.approx(truth[0] + truth[1] * 8 + truth[2] * 40, rel=0.05)
+
+
+def test_step_cost_learns_through_noise_and_forgets_an_old_regime():
+    """Observations with noise (as a loaded machine gives) still find the per-token cost, and
+    when the device's costs change (a neighbour took a core) the fit follows the recent steps."""
+    rng = np.random.default_rng(0)
+    cost = StepCost(prior=(0.02, 0.001, 0.001))
+
+    def run(truth: tuple[float, float, float], rounds: int) -> None:
+        for _ in range(rounds):
+            for seqs in (1, 2, 4, 8, 16, 32):
+                for tokens_per_seq in (1, 2, 5, 9):
+                    tokens = seqs * tokens_per_seq
+                    exact = truth[0] + truth[1] * seqs + truth[2] * tokens
+                    cost.observe(seqs, tokens, exact * rng.uniform(0.9, 1.1))
+
+    run((0.010, 0.002, 0.0003), 4)
+    assert cost.per_token == pytest.approx(0.0003, rel=0.2)
+    run((0.030, 0.004, 0.0009), 20)  # three times slower: the old steps have faded
+    assert cost.per_token == pytest.approx(0.0009, rel=0.2)
+    assert cost.seconds(8, 40) == pytest.approx(0.030 + 0.004 * 8 + 0.0009 * 40, rel=0.1)
+
+
+def test_step_cost_never_goes_free_or_negative():
+    cost = StepCost(prior=(0.02, 0.001, 0.001))
+    for _ in range(50):  # steps whose time does not grow with tokens, or even shrinks
+        for tokens in (1, 8, 32):
+            cost.observe(4, tokens, 0.02 - 0.0001 * tokens)
+    assert cost.per_token >= 0.05 * 0.001 > 0
+
+
+def test_a_pinned_step_cost_keeps_its_prior_whatever_it_observes():
+    cost = StepCost(prior=(0.019, 0.001, 0.0004), learn=False)
+    for seqs in (1, 8, 32):
+        cost.observe(seqs, 4 * seqs, 5.0)  # a machine 100x slower: ignored
+    assert cost.per_token == 0.0004 and cost.seconds(2, 3) == pytest.approx(0.0222)
+    assert cost.observed == 0
+
+
+def test_the_engine_pins_its_step_cost_when_told(tmp_path):
+    from tiny_models import make_tiny_model
+
+    from radixlang.runtime.engine import Engine
+
+    folder = make_tiny_model("llama", tmp_path / "llama")
+    pinned = Engine(
+        folder, background=False, num_blocks=16, dtype="float32", speculative="ngram",
+        speculative_step_cost_ms=(10, 2, 0.5),
+    )  # fmt: skip
+    assert not pinned.drafter.cost.learn
+    assert pinned.drafter.cost.seconds(1, 1) == pytest.approx(0.0125)
+    learnt = Engine(folder, background=False, num_blocks=16, dtype="float32", speculative="ngram")
+    assert learnt.drafter.cost.learn
+    with pytest.raises(ValueError, match="speculative_step_cost_ms must be three milliseconds"):
+        Engine(folder, background=False, speculative="ngram", speculative_step_cost_ms=(1, 2))
+    pinned.shutdown()
+    learnt.shutdown()
 
 
 # ---- the drafts' cost rule -------------------------------------------------------------------

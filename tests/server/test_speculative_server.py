@@ -14,7 +14,15 @@ from radixlang.runtime.engine import Engine
 
 @pytest.fixture(scope="module")
 def engine(chat_model_dir):
-    eng = Engine(str(chat_model_dir), kv_memory="64MiB", deterministic=True, speculative="ngram")
+    # The step cost pinned: how many tokens are drafted (counted below) follows from the
+    # requests alone, not from how fast this machine runs the steps.
+    eng = Engine(
+        str(chat_model_dir),
+        kv_memory="64MiB",
+        deterministic=True,
+        speculative="ngram",
+        speculative_step_cost_ms=(19.0, 1.0, 0.4),
+    )
     yield eng
     eng.shutdown(free_cache=True)
 

@@ -4,6 +4,10 @@ A step's seconds are modelled as ``c0 + c1 * sequences + c2 * tokens``: ``c2`` i
 verified token costs, which on a CPU (or a GPU at a small batch) is a small share of the step,
 and grows with the batch. The fit is a least-squares one over recent decode steps, older steps
 weighing less, pulled towards a prior for the device until the steps say otherwise.
+
+A pinned cost (``learn=False``; the engine's ``speculative_step_cost_ms``) keeps its prior:
+which drafts are taken then depends on the requests alone, not on how fast or how loaded the
+machine is (reproducible draft counts: benchmarks that compare runs, and tests).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ FORGET = 0.995  # each step's weight decays by this much per later step
 class StepCost:
     """Online fit of a decode step's seconds against its sequences and tokens."""
 
-    def __init__(self, prior: tuple[float, float, float] = CPU_PRIOR) -> None:
+    def __init__(self, prior: tuple[float, float, float] = CPU_PRIOR, learn: bool = True) -> None:
         self.prior = np.asarray(prior, dtype=np.float64)
+        self.learn = learn
         seqs, tokens = PRIOR_SHAPE
         # Ridge towards the prior, scaled as PRIOR_STEPS steps of the prior's shape would be.
         self._penalty = PRIOR_STEPS * np.diag([1.0, seqs * seqs, tokens * tokens])
@@ -36,6 +41,8 @@ class StepCost:
         self.observed = 0
 
     def observe(self, seqs: int, tokens: int, seconds: float) -> None:
+        if not self.learn:
+            return
         x = np.array([1.0, seqs, tokens])
         self._gram = FORGET * self._gram + np.outer(x, x)
         self._moment = FORGET * self._moment + x * seconds
