@@ -53,6 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_cpp
+from provenance import provenance
 
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.request import GenerateRequest
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
         "loadavg_1min": os.getloadavg()[0],
         "args": {k: str(v) for k, v in vars(args).items()},
+        "provenance": provenance(argv),
         "traces": {"tool_s": [s.tool_s for a in agents for s in a.steps[:-1]],
                    "tool_tokens": [len(s.tool_tokens) for a in agents for s in a.steps[:-1]]},
         "kv_bytes_per_token": bytes_per_token,

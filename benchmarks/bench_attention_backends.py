@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance
 
 from radixlang.kernels.layout import PagedKV
 
@@ -562,6 +563,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "bench_attention_backends",
         "machine": machine_info(),
+        "provenance": provenance(argv),
         "shape": {
             **shape,
             "dtype": str(DTYPE).removeprefix("torch."),

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import provenance
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 DTYPE = torch.bfloat16
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": importlib.import_module("triton").__version__,
+        "provenance": provenance(argv),
         "shape": {
             "batch": batch,
             "context": context,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import Engine, resolve_dtype
@@ -358,6 +359,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "model": files.name,
         "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "provenance": provenance(argv),
         "runs": [],
     }
     for name in args.dtypes:

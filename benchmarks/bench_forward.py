@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import ModelRunner, SequenceInput, resolve_dtype
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
+        "provenance": provenance(argv),
         "runs": [],
     }
     blocks_per_seq = -(-(max(args.context + args.steps + 1, *args.prefill_tokens)) // 16)

@@ -59,6 +59,7 @@ from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_structured
+from provenance import provenance
 
 # As radixlang.constrain.grammar compiles JSON schemas for llguidance: json.dumps's layout.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -919,6 +920,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "loadavg_before": load_before,
         },
+        "provenance": provenance(argv),
         "tokenizer": files.name,
         "vocab_size": vocab,
         "eos_token_id": eos,

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance
 
 import radixlang.runtime.engine as engine_module
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
@@ -429,6 +430,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "model": files.name,
         "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "provenance": provenance(argv),
         "cases": [],
     }
     for overlap in (False, True):

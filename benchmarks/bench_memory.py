@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance
+
 from radixlang.model_files import DEFAULT_MODEL
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.memory_report import MemoryReport
@@ -295,6 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "model": model_name,
         "dtype": dtype,
+        "provenance": provenance(argv),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "repeats": repeats,
         "targets": {

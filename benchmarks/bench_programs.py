@@ -81,6 +81,7 @@ from radixlang.runtime.dtype_choice import choose_dtype
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_cpp
 from bench_engine import in_thread
+from provenance import provenance
 
 WORKLOADS = ("few_shot", "self_consistency", "tree_of_thought", "multi_turn", "select")
 # Speedup over the faster baseline that the project reports against.
@@ -1087,6 +1088,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "benchmark": "bench_programs",
+        "provenance": provenance(argv),
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),

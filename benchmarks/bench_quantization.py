@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime import ModelRunner, SequenceInput
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     result: dict[str, Any] = {
         "benchmark": "bench_quantization",
+        "provenance": provenance(argv),
         "model": files.name,
         "machine": {
             "platform": platform.platform(),

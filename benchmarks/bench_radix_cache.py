@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 from radixlang.runtime import BlockPool, RadixCache
 
 VOCAB = 49152
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "bench_radix_cache",
         "python": sys.version.split()[0],
         "machine": platform.machine(),
+        "provenance": provenance(argv),
         "block_size": BLOCK_SIZE,
     }
     print(f"throughput on {args.sequences} sequences ...", flush=True)

@@ -47,6 +47,8 @@ from typing import Any
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray stays on loopback
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from provenance import provenance
+
 import radixlang as sgl
 from radixlang.model_files import DEFAULT_MODEL
 
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "turns": args.turns,
         "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "provenance": provenance(argv),
         "setups": setups,
         "cache_aware_over_round_robin_prompt_tokens_computed": (
             aware["prompt_tokens_computed"] / max(in_turn["prompt_tokens_computed"], 1)

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import httpx
 import torch
+from provenance import provenance
 from tqdm import tqdm
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
@@ -786,6 +787,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "benchmark": "bench_server",
+        "provenance": provenance(argv),
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),

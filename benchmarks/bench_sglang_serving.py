@@ -58,6 +58,7 @@ from typing import Any
 
 import httpx
 import torch
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.server import metrics
@@ -526,6 +527,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "bench_sglang_serving",
         "sglang_version": importlib.metadata.version("sglang"),
+        "provenance": provenance(argv),
         "machine": {
             "platform": platform.platform(),
             "cpu": cpu_info(),

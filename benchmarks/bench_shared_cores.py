@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance
+
 CONFIGS = {"fixed": False, "adaptive": True}
 
 
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "bench_shared_cores",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "provenance": provenance(argv),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "configs": {},
     }

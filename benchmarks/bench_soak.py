@@ -60,6 +60,7 @@ from typing import Any
 
 import httpx
 from bench_server import percentile  # a sibling module, as when run as a script
+from provenance import provenance
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -689,6 +690,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           args.disconnect, args.slow_clients, args.seed)  # fmt: skip
     result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count()}
     result["command"] = "python benchmarks/bench_soak.py " + " ".join(argv or sys.argv[1:])
+    result["provenance"] = provenance(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out.with_suffix(".png"))

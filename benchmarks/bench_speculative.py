@@ -46,7 +46,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -61,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_programs
 import llama_cpp
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.runtime.engine import Engine
@@ -476,19 +476,6 @@ def bench_llama(tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _commit() -> str | None:
-    """The checkout's commit (with "+changes" when its tree differs), for the record."""
-    here = Path(__file__).parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=here, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+changes" if dirty else "")
-
-
 def reused_llama(earlier: dict[str, Any], path: Path) -> dict[str, Any]:
     """llama-server's part of an earlier run (``--llama-from``), marked as such."""
     if "llama_server" not in earlier:
@@ -584,11 +571,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     files = load_model_files(args.model)
     tokenizer = files.load_tokenizer()
     load_before = os.getloadavg()
+    record = provenance(argv)
     result: dict[str, Any] = {
         "benchmark": "bench_speculative",
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "model": files.name,
-        "commit": _commit(),
+        # The checkout's commit, "+changes" when its tracked files differ (--llama-from reads it).
+        "commit": record["commit"] and record["commit"] + ("+changes" if record["dirty"] else ""),
+        "provenance": record,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     steps: list[tuple[str, Callable[[], Any]]] = [

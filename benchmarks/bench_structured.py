@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.testing import write_tiny_chat_model
@@ -535,6 +536,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result = run(args, model)
     finally:  # run in-process by a test: leave the caller's thread count as it was
         torch.set_num_threads(threads_before)
+    result["provenance"] = provenance(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "bench_structured.json"
     out.write_text(json.dumps(result, indent=2, default=str))

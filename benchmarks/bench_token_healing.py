@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance
 
 from radixlang.model_files import DEFAULT_MODEL, load_model_files
 from radixlang.testing import write_tiny_chat_model
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sets = run(args, model)
     result = {
         "benchmark": "bench_token_healing",
+        "provenance": provenance(argv),
         "machine": {
             "platform": platform.platform(),
             "torch_threads": torch.get_num_threads(),

@@ -17,6 +17,11 @@ def test_bench_radix_cache_writes_json_and_plot(tmp_path):
     assert [r["leaves"] for r in saved["eviction_scaling"]["heap"]] == [50, 200]
     assert (tmp_path / "bench_radix_cache.png").stat().st_size > 0
     assert result["summary"]["leaf_growth"] == 4
+    record = saved["provenance"]  # benchmarks/provenance.py: where the numbers came from
+    assert record["command"].startswith("python benchmarks/bench_radix_cache.py --sequences 300")
+    assert record["machine"]["cores"] and "platform" in record["machine"]
+    if (Path(__file__).parents[1] / ".git").exists():
+        assert len(record["commit"]) == 40 and isinstance(record["dirty"], bool)
 
 
 def test_bench_forward_writes_json_and_plot(tmp_path):
