@@ -92,8 +92,10 @@ def test_bench_host_overhead_quick_writes_json_and_plot(tmp_path, chat_model_dir
     for (_, _, overlap), case in cases.items():
         assert case["decode_steps"] > 0 and case["total"]["median_ms"] > 0
         assert case["cpu"]["median_ms"] > 0
-        # The device's time is taken out of the step's: what is left is host time.
-        assert 0 < case["critical_path"]["median_ms"] <= case["total"]["median_ms"]
+        # The device's time is taken out of the step's: what is left is host time, between 0
+        # (with overlap the device may cover a whole step; a sum of clipped intervals may round
+        # a few ulps past it) and the step's time. How much, the benchmark reports.
+        assert -1e-9 <= case["critical_path"]["median_ms"] <= case["total"]["median_ms"]
         if not overlap:
             assert set(case["breakdown_mean_ms"]) == set(bench.PARTS)
             assert case["breakdown_mean_ms"]["sample"] > 0

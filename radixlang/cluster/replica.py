@@ -103,8 +103,16 @@ class EngineReplica:
 
     def stall(self, seconds: float) -> None:
         """Hold the engine thread for ``seconds`` (failure drills: requests queue up here
-        without producing anything, as behind a long prefill)."""
-        self.engine._call(lambda: time.sleep(seconds))
+        without producing anything, as behind a long prefill). Returns once the engine thread
+        is held, so that the caller knows nothing runs here from then on."""
+        held = threading.Event()
+
+        def hold() -> None:
+            held.set()
+            time.sleep(seconds)
+
+        threading.Thread(target=self.engine._call, args=(hold,), daemon=True).start()
+        held.wait()
 
     def shutdown(self) -> None:
         self.engine.shutdown(True)

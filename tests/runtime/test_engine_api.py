@@ -5,12 +5,16 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from engine_gate import hold_steps  # tests/, on the path through tests/conftest.py
 
 from radixlang.runtime import CacheBusyError, Engine
+from radixlang.runtime.cpu_threads import PROC_STAT, ThreadGovernor
 from radixlang.runtime.dtype_choice import choose_dtype
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -135,9 +139,39 @@ def test_auto_dtype_is_the_default_and_the_engine_reports_its_choice(chat_model_
 
 
 # ---- stats and reset_stats -----------------------------------------------------------------
-def test_reset_stats_zeroes_the_cumulative_figures_and_keeps_the_state(chat_model_dir):
+class BusyMachine:
+    """/proc as a governor reads it on a 4-core machine that other processes keep busy: every
+    read of /proc/stat finds 400 more busy ticks, none of them this process's."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def read(self, path: Path) -> str:
+        if path == PROC_STAT:
+            self.ticks += 400
+            return f"cpu  {self.ticks} 0 0 1000 0 0 0 0 0 0\n"
+        return "1 (python) S " + " ".join(["0"] * 10 + ["7", "3"] + ["0"] * 8)
+
+
+def test_reset_stats_zeroes_the_cumulative_figures_and_keeps_the_state(chat_model_dir, monkeypatch):
+    # The thread governor on (off in tests by default), so that its figures are in the stats,
+    # reading a made-up busy machine, not this one's /proc: its first look lowers the threads
+    # to 1, once, whatever else runs here. (torch's count is process-wide: restored below.)
+    from radixlang.runtime import engine as engine_module
+
+    machine, ticks = BusyMachine(), itertools.count()
+    monkeypatch.setattr(engine_module, "ThreadGovernor", lambda: ThreadGovernor(
+        max_threads=2, cores=4, read=machine.read, clock=lambda: float(next(ticks))))  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        _reset_stats_checks(chat_model_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reset_stats_checks(chat_model_dir) -> None:
     # A pool of 32 blocks for 6 sequences of 15 blocks each: retractions and evictions happen.
-    engine = stepped(chat_model_dir, num_blocks=32)
+    engine = stepped(chat_model_dir, num_blocks=32, adapt_threads=True)
     handles = [engine.submit([*PROMPT[:20], i], GREEDY | {"max_new_tokens": 40}) for i in range(6)]
     handles.append(engine.submit("The answer is", {"regex": r"hello world [0-9]", "seed": 1}))
     run(engine, handles)
@@ -149,6 +183,9 @@ def test_reset_stats_zeroes_the_cumulative_figures_and_keeps_the_state(chat_mode
                 "jump_forward_tokens", "jump_forward_jumps", "grammar_mask_steps",
                 "cache_hit_rate", "busy_tokens_per_second"):  # fmt: skip
         assert before[key] > 0, key  # the workload did exercise every counter checked below
+    # The governor's figures: one change, to the one thread the busy machine leaves.
+    assert (before["cpu_threads"], before["cpu_thread_changes"]) == (1, 1)
+    assert before["other_cores_busy"] == 4.0
 
     engine.reset_stats()
     after = engine.stats()
@@ -193,21 +230,22 @@ def test_flush_waits_for_requests_in_flight_then_flushes(threaded):
 def test_flush_with_requests_still_in_flight_raises_and_flushes_nothing(threaded):
     threaded.generate(PROMPT, GREEDY | {"max_new_tokens": 1})  # something cached
     cached = threaded.stats()["cached_tokens"]
-    handle = threaded.submit(PROMPT[:5], GREEDY | {"max_new_tokens": 900})
-    try:
-        # Submitted before the flush call: the engine thread sees it waiting, or already
-        # admitted if its step came first.
-        busy = r"(0 running and 1 waiting|1 running and 0 waiting) requests are in flight"
-        with pytest.raises(CacheBusyError, match=busy):
-            threaded.flush_cache()
-        started = time.perf_counter()
-        with pytest.raises(CacheBusyError, match=r"after waiting 0\.2 s"):
-            threaded.flush_cache(wait=0.2)
-        assert time.perf_counter() - started >= 0.2
-        assert not handle.done
-        assert threaded.stats()["cached_tokens"] >= cached  # nothing was flushed
-    finally:
-        handle.abort()
+    # Held after its first token: it is still running whatever the machine's speed.
+    with hold_steps(threaded, after_tokens=1) as gate:
+        handle = threaded.submit(PROMPT[:5], GREEDY | {"max_new_tokens": 40})
+        try:
+            gate.wait_holding()
+            busy = r"1 running and 0 waiting requests are in flight"
+            with pytest.raises(CacheBusyError, match=busy):
+                threaded.flush_cache()
+            started = time.perf_counter()
+            with pytest.raises(CacheBusyError, match=r"after waiting 0\.2 s"):
+                threaded.flush_cache(wait=0.2)
+            assert time.perf_counter() - started >= 0.2
+            assert not handle.done
+            assert threaded.stats()["cached_tokens"] >= cached  # nothing was flushed
+        finally:
+            handle.abort()
     handle.result(timeout=60, raise_on_error=False)
     assert threaded.flush_cache(wait=10) is True
     assert threaded.stats()["cached_tokens"] == 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 
 import httpx
 import pytest
+from engine_gate import hold_steps  # tests/, on the path through tests/conftest.py
 from server_checks import assert_no_leak, fresh_cache, metrics, wait_idle
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
@@ -174,24 +176,35 @@ def test_sglang_select_request_shape(client, engine):
         assert item["meta_info"]["output_token_logprobs"] == []
 
 
-def test_client_disconnect_aborts_a_stream(client, server):
+def test_client_disconnect_aborts_a_stream(client, server, engine):
     before = metrics(client)['radixlang_requests_finished_by_reason_total{reason="abort"}']
     body = {"text": "Go on and on", "stream": True,
-            "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}  # fmt: skip
-    with httpx.Client(base_url=server.url) as c, c.stream("POST", "/generate", json=body) as r:
-        lines = r.iter_lines()
-        next(line for line in lines if line.startswith("data:"))
-    m = wait_idle(client)
+            "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}  # fmt: skip
+    # Held after its first token: the request ends only when the server aborts it.
+    with hold_steps(engine, after_tokens=1):
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as c,
+            c.stream("POST", "/generate", json=body) as r,
+        ):
+            next(line for line in r.iter_lines() if line.startswith("data:"))
+        m = wait_idle(client)
     assert m['radixlang_requests_finished_by_reason_total{reason="abort"}'] == before + 1
     assert_no_leak(client)
 
 
-def test_client_disconnect_aborts_a_plain_request(client, server):
+def test_client_disconnect_aborts_a_plain_request(client, server, engine):
     before = metrics(client)['radixlang_requests_finished_by_reason_total{reason="abort"}']
-    body = {"text": "Go on and on", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
-    with httpx.Client(base_url=server.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
-        c.post("/generate", json=body)
-    m = wait_idle(client)
+    body = json.dumps({"text": "Go on and on",
+                       "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}})  # fmt: skip
+    request = (f"POST /generate HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: "
+               f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}")  # fmt: skip
+    # A client that gives up on its answer (a timeout) once the engine runs its request: held
+    # after its first token, the request ends only when the server aborts it.
+    with hold_steps(engine, after_tokens=1) as gate:
+        with socket.create_connection((server.host, server.port), timeout=60) as sock:
+            sock.sendall(request.encode())
+            gate.wait_holding()
+        m = wait_idle(client)
     assert m['radixlang_requests_finished_by_reason_total{reason="abort"}'] == before + 1
     assert_no_leak(client)
 

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from engine_gate import hold_steps  # tests/, on the path through tests/conftest.py
 
 
 def _free_port() -> int:
@@ -22,20 +23,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# How long a server may take to come up or to go: a hang guard only. A local Ray and two
+# replicas on two cores that other processes keep busy took over two minutes to come up.
+START_S = 600
+
+
 def _start(cmd: list[str], url: str) -> subprocess.Popen:
-    """Run ``radixlang serve`` and wait until /health answers."""
+    """Run ``radixlang serve`` and wait until /health answers (killed if it does not)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.2)
+    deadline = time.monotonic() + START_S
+    try:
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+    except BaseException:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # a clean stop takes its local Ray down with it
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        raise
 
 
 def test_the_cache_dir_keeps_the_cache_across_a_sigterm_restart(chat_model_dir, tmp_path):
@@ -127,7 +143,7 @@ def test_shutdown_past_the_drain_timeout_aborts_and_frees_every_block(chat_model
 
     engine = Engine(str(chat_model_dir), kv_memory="16MiB", dtype="float32")
     server = ServerThread(engine, owns_engine=True, drain_timeout=0.5)
-    body = {"text": "Never ending", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    body = {"text": "Never ending", "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}
     outcome: list[object] = []
 
     def wait_for_it() -> None:
@@ -136,13 +152,18 @@ def test_shutdown_past_the_drain_timeout_aborts_and_frees_every_block(chat_model
         except httpx.HTTPError as e:
             outcome.append(e)
 
-    waiter = threading.Thread(target=wait_for_it)
-    waiter.start()
-    deadline = time.monotonic() + 30
-    while engine.stats()["running_requests"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    server.stop()
+    # The request runs and is held after its first token: only the drain's timeout can end it.
+    with hold_steps(engine, after_tokens=1) as gate:
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
+        gate.wait_holding()
+        assert engine.stats()["running_requests"] == 1
+        stopper = threading.Thread(target=server.stop)
+        stopper.start()
+        stopper.join(60)  # a drain that waited for the request would wait here, held
+        drained = not stopper.is_alive()
+    stopper.join(60)  # (released: a drain that waited for the request ends now)
+    assert drained, "the shutdown waited past the drain timeout"
     waiter.join(30)
     assert not engine.is_running
     assert engine.stats()["finished_abort"] == 1  # cut off at the drain timeout, not finished
@@ -158,26 +179,31 @@ def test_overload_is_refused_with_503_and_cors_is_answered(chat_model_dir):
 
     # One request runs at a time, so the others queue.
     engine = Engine(str(chat_model_dir), kv_memory="16MiB", max_running_requests=1)
-    long = {"text": "Busy", "sampling_params": {"max_new_tokens": 600, "ignore_eos": True}}
+    long = {"text": "Busy", "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}
     short = {"text": "Me too", "sampling_params": {"max_new_tokens": 1}}
     origin = "http://localhost:3000"
     try:
         with serve_in_thread(engine, max_queued_requests=2, allowed_origins=[origin]) as srv:
-            handles = [engine.submit("x" * 5, long["sampling_params"]) for _ in range(3)]
-            deadline = time.monotonic() + 30
-            while engine.num_waiting != 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            refused = httpx.post(srv.url + "/generate", json=short)
-            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-            assert refused.json()["error"]["type"] == "server_overloaded"
-            for h in handles:
-                h.abort()
+            # The first request runs and is held after its first token, the other two queue
+            # behind it: the queue is full for as long as the test looks.
+            with hold_steps(engine, after_tokens=1) as gate:
+                handles = [engine.submit("x" * 5, long["sampling_params"]) for _ in range(3)]
+                gate.wait_holding()
+                deadline = time.monotonic() + 30
+                while engine.num_waiting != 2:  # (the last ones may still be in its inbox)
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                refused = httpx.post(srv.url + "/generate", json=short, timeout=60)
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+                assert refused.json()["error"]["type"] == "server_overloaded"
+                assert engine.num_waiting == 2 and not any(h.done for h in handles)
+                for h in handles:
+                    h.abort()
             deadline = time.monotonic() + 30
             while engine.num_waiting:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
-            assert httpx.post(srv.url + "/generate", json=short).status_code == 200
+            assert httpx.post(srv.url + "/generate", json=short, timeout=60).status_code == 200
             preflight = httpx.options(
                 srv.url + "/v1/chat/completions",
                 headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
@@ -202,7 +228,7 @@ def _replicas_serve(model_dir, *flags: str, check) -> str:
     try:
         check(url)
         proc.send_signal(signal.SIGINT)
-        printed, err = proc.communicate(timeout=120)
+        printed, err = proc.communicate(timeout=START_S)
     finally:
         if proc.poll() is None:
             proc.kill()

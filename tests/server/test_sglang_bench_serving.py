@@ -5,6 +5,7 @@ one client subprocess per dataset), for the random-ids and generated-shared-pref
 
 import importlib.util
 import json
+import math
 
 import pytest
 from bench_module import load  # tests/, on the path through tests/conftest.py
@@ -33,8 +34,11 @@ def test_sglang_bench_serving_completes_every_request(tmp_path, chat_model_dir):
         assert entry["refused"] == 0 and entry["server_generate_responses"] == {"200": 5}, why
         assert entry["server_finished_by_reason"] == {"length": 5}, why  # EOS ignored
         assert entry["output_lens_in_requested_range"], why
+        # The client's timings are reported, not judged: positive where they hold by
+        # construction (4 answers with tokens, each after a round trip). The ITL may be 0: a
+        # client that reads late gets a request's few tokens in one chunk, leaving no gap.
         assert entry["output_throughput"] > 0 and entry["median_ttft_ms"] > 0, why
-        assert entry["median_itl_ms"] > 0, why
+        assert math.isfinite(entry["median_itl_ms"]) and entry["median_itl_ms"] >= 0, why
         assert entry["ok"] and entry["problems"] == [], why
     gsp = saved["datasets"]["generated-shared-prefix"]
     assert gsp["server_prompt_tokens"]["reused"] > 0  # the groups' shared system prompts

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_gate import hold_steps  # tests/, on the path through tests/conftest.py
 
 import radixlang as sgl
 from radixlang.lang.backends.endpoint import EndpointError, RuntimeEndpoint
@@ -629,14 +630,16 @@ def test_server_errors_and_flush_cache_over_http(endpoint):
 
 def test_leaving_a_stream_early_aborts_the_request_on_the_server(endpoint, engine):
     aborted = engine.stats()["finished_abort"]
-    sampling = {"max_new_tokens": 900, "temperature": 0, "ignore_eos": True}
-    pieces = endpoint.generate_stream("Once upon a time", sampling)
-    assert next(pieces)[0]
-    pieces.close()  # closes the connection; the server notices and aborts
-    deadline = time.monotonic() + 10
-    while engine.stats()["finished_abort"] == aborted and time.monotonic() < deadline:
-        time.sleep(0.02)
-    stats = engine.stats()
+    sampling = {"max_new_tokens": 100, "temperature": 0, "ignore_eos": True}
+    # Held after its first token: the request ends only when the server aborts it.
+    with hold_steps(engine, after_tokens=1):
+        pieces = endpoint.generate_stream("Once upon a time", sampling)
+        assert next(pieces)[0]
+        pieces.close()  # closes the connection; the server notices and aborts
+        deadline = time.monotonic() + 10
+        while engine.stats()["finished_abort"] == aborted and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = engine.stats()
     assert stats["finished_abort"] == aborted + 1
     assert stats["running_requests"] == 0
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from engine_gate import hold_steps  # tests/, on the path through tests/conftest.py
 
 import radixlang as sgl
 from radixlang.lang.backends.endpoint import RuntimeEndpoint
 
 IM_END = 2  # <|im_end|>, a special token of the tiny chat model's (the default) tokenizer
-LONG = {"max_new_tokens": 900, "ignore_eos": True, "temperature": 0}
+LONG = {"max_new_tokens": 100, "ignore_eos": True, "temperature": 0}
 
 
 @pytest.fixture
@@ -32,18 +33,21 @@ def test_flush_cache_answers_200_when_idle_by_post_or_get(client, engine):
 
 def test_flush_cache_answers_400_while_requests_run(client, engine, server):
     endpoint = RuntimeEndpoint(server.url)
-    handle = engine.submit([5, 6, 7], LONG)
-    try:
-        response = client.post("/flush_cache")
-        assert response.status_code == 400
-        error = response.json()["error"]
-        assert error["type"] == "cache_busy" and "requests are in flight" in error["message"]
-        assert client.post("/flush_cache", params={"timeout": 0.1}).status_code == 400
-        assert endpoint.flush_cache() is False  # SGLang's client reads the status
-        assert not handle.done
-    finally:
-        handle.abort()
-        endpoint.shutdown()
+    # Held after its first token: the request is in flight for as long as the test asks.
+    with hold_steps(engine, after_tokens=1) as gate:
+        handle = engine.submit([5, 6, 7], LONG)
+        try:
+            gate.wait_holding()
+            response = client.post("/flush_cache")
+            assert response.status_code == 400
+            error = response.json()["error"]
+            assert error["type"] == "cache_busy" and "requests are in flight" in error["message"]
+            assert client.post("/flush_cache", params={"timeout": 0.1}).status_code == 400
+            assert endpoint.flush_cache() is False  # SGLang's client reads the status
+            assert not handle.done
+        finally:
+            handle.abort()
+            endpoint.shutdown()
     handle.result(timeout=60, raise_on_error=False)
 
 
