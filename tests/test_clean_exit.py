@@ -50,6 +50,29 @@ SCRIPT = textwrap.dedent(
     def story(s):
         s += "Once upon a time" + sgl.gen("story", max_tokens=1000, ignore_eos=True)  # of 1024
 
+    # The story's stream never ends by itself: after its first piece of text it hands nothing
+    # more on while the engine runs (the exit hooks' shutdown lets it end), so the main thread
+    # is still reading it whenever the exit, the error or the Ctrl-C comes.
+    stream = rt.generate_stream
+
+    def held(prompt, sampling):
+        shown = False
+        for text, meta in stream(prompt, sampling):
+            yield text, meta
+            shown = shown or bool(text)
+            while shown and prompt.startswith("Once upon a time") and rt.engine.is_running:
+                time.sleep(0.01)
+
+    rt.generate_stream = held
+    submit, forks_in = rt.engine.submit, threading.Semaphore(0)
+
+    def counted(request, *args, **kwargs):  # the forks' requests, as they reach the engine
+        handle = submit(request, *args, **kwargs)
+        if "Point" in (getattr(request, "text", None) or ""):
+            forks_in.release()
+        return handle
+
+    rt.engine.submit = counted
     started = threading.Event()
 
     def batch():
@@ -61,7 +84,9 @@ SCRIPT = textwrap.dedent(
     state = story.run(stream=True)
     pieces = state.text_iter("story")
     next(p for p in pieces if p)
-    time.sleep(0.3)  # the batch's forks reach the engine
+    for _ in range(4):  # two programs, two forks each
+        if not forks_in.acquire(timeout=60):
+            sys.exit("the batch's forks did not reach the engine")
     print("in flight", flush=True)
     if mode == "raise":
         raise RuntimeError("the program's own error")
@@ -74,7 +99,6 @@ SCRIPT = textwrap.dedent(
         from sglang.test import test_programs
 
         test_programs.sgl = sgl
-        stream = rt.generate_stream
 
         def without_logprobs(prompt, sampling):
             for text, meta in stream(prompt, sampling):
@@ -103,7 +127,7 @@ def start(chat_model_dir, tmp_path, mode: str) -> subprocess.Popen[str]:
 
 def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
     try:
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=180)  # a hang guard: a loaded machine is slow
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()

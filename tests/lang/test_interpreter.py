@@ -4,6 +4,7 @@ errors, streaming, async programs, nested calls and run_batch."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from fake_backend import FakeBackend
@@ -225,9 +226,29 @@ def test_program_exception_reaches_run(backend):
         prog.run(backend=backend)
 
 
+class HandOverBackend(FakeBackend):
+    """Streams its reply a character at a time, each one only once the reader has taken the
+    one before (``took``): each character is then a piece of its own, however the threads are
+    scheduled. A reader that takes nothing for 30 s ends the hand-over (the rest streams at
+    once), so a stream that does not reach the reader fails a test rather than hangs it."""
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(reply=lambda p, s: reply)
+        self.took = threading.Event()
+
+    def generate_stream(self, prompt, sampling):  # type: ignore[no-untyped-def]
+        text, meta = self.generate(prompt, sampling)
+        handing_over = True
+        for i, ch in enumerate(text):
+            if i and handing_over:
+                handing_over = self.took.wait(30)
+                self.took.clear()  # before the next character: the reader's next take sets it
+            yield ch, {}
+        yield "", meta
+
+
 def test_streaming_text_iter_pieces_join_to_the_variable():
-    backend = FakeBackend(reply=lambda p, s: "streamed words here")
-    backend.stream_delay = 0.01
+    backend = HandOverBackend("streamed words here")
 
     @sgl.function
     def prog(s):
@@ -235,8 +256,11 @@ def test_streaming_text_iter_pieces_join_to_the_variable():
         s += sgl.gen("out")
 
     state = prog.run(backend=backend, stream=True)
-    pieces = list(state.text_iter("out"))
-    assert len(pieces) > 1
+    pieces = []
+    for piece in state.text_iter("out"):
+        pieces.append(piece)
+        backend.took.set()
+    assert pieces == list("streamed words here")  # each as it came, not all at the end
     assert "".join(pieces) == state["out"] == "streamed words here"
     assert "".join(state.text_iter()) == "Go:streamed words here"
 

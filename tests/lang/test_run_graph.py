@@ -82,10 +82,14 @@ def test_python_that_branches_on_generated_values_is_drawn_as_it_ran():
 def test_streamed_compiled_and_async_runs_report_once_finished():
     backend = ReportingBackend()
     backend.stream_delay = 0.001
+    # Each run's report is waited for before the next run starts: a streamed run reports from
+    # its own thread, whenever that gets to it, so the order would otherwise be the machine's.
     state = ideas.run(topic="x", backend=backend, stream=True)
     list(state.text_iter())
     state.sync()
+    _wait_for(lambda: len(backend.reports) == 1)
     ideas.compile(backend=backend).run(topic="y")
+    _wait_for(lambda: len(backend.reports) == 2)
 
     @sgl.function
     async def short(s):
@@ -101,7 +105,7 @@ def test_streamed_compiled_and_async_runs_report_once_finished():
 def _wait_for(condition) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.01)

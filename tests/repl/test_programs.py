@@ -3,11 +3,13 @@ whose forked gens arrive labelled, a stopped run that leaves nothing held."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from radixlang.lang.backends.local import LocalBackend
 from radixlang.repl.programs import (
     ProgramError,
     ProgramRun,
@@ -74,25 +76,67 @@ def test_arguments_are_checked_before_running(programs):
     check_arguments(pair, {}, tracing=True)  # missing arguments stay symbolic in a trace
 
 
-def run_to_end(run: ProgramRun, timeout: float = 60.0) -> list:
+class PollGate:
+    """Holds each stream's next piece until the test has polled the run twice since the last
+    one arrived, so a whole poll (``new_pieces``) falls between any two: each piece is then
+    read by a poll of its own, however the threads are scheduled. A stream held 30 s (polls
+    that stopped) opens the gate for good, so a broken run fails a test rather than hangs it."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.open = False
+        self._cond = threading.Condition()
+
+    def polled(self) -> None:
+        with self._cond:
+            self.polls += 1
+            self._cond.notify_all()
+
+    def hold(self) -> None:
+        with self._cond:
+            seen = self.polls
+            if not self.open and not self._cond.wait_for(lambda: self.polls >= seen + 2, 30):
+                self.open = True
+
+
+class GatedBackend(LocalBackend):
+    """The engine's stream, each piece handed on after the executor took the one before (the
+    generator resumes only then) and the gate let it through."""
+
+    def __init__(self, engine, gate: PollGate) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(engine)
+        self.gate = gate
+
+    def generate_stream(self, prompt, sampling):  # type: ignore[no-untyped-def]
+        for item in super().generate_stream(prompt, sampling):
+            yield item
+            self.gate.hold()
+
+
+def run_to_end(run: ProgramRun, gate: PollGate | None = None, timeout: float = 120.0) -> list:
     pieces = []
     deadline = time.monotonic() + timeout
-    while not run.wait(0.05):
+    while not run.wait(0.005):
         assert time.monotonic() < deadline
         pieces += run.new_pieces()
+        if gate is not None:
+            gate.polled()
     return pieces + run.new_pieces()
 
 
 def test_a_run_streams_every_gen_labelled_by_branch(programs, local_chat):
     defaults = {"temperature": 0.7, "max_new_tokens": 8, "seed": 1}
-    # Enough tokens that a fork outlasts one 50 ms poll even when steps take a millisecond.
     args = {"topic": "tea", "tokens": 48}
-    run = ProgramRun(programs["pair"], args, local_chat.program_backend(), defaults)
-    pieces = run_to_end(run)
-    assert run.error is None
+    gate = PollGate()
+    run = ProgramRun(programs["pair"], args, GatedBackend(local_chat.engine, gate), defaults)
+    pieces = run_to_end(run, gate)
+    assert run.error is None and not gate.open
     sources = {(p.label, p.var) for p in pieces}
     assert sources == {("main", "first"), ("fork 1", "variant"), ("fork 2", "variant")}
-    assert sum(p.label == "fork 1" for p in pieces) > 1  # piece by piece, not all at the end
+    # Piece by piece as the engine streamed them, not all at the end: one per event with text.
+    fork_1 = run.state.executor.children[0].stream_chunks["variant"]
+    events = sum(bool(piece) for piece, _ in fork_1)
+    assert events > 1 and sum(p.label == "fork 1" for p in pieces) == events
     variables = run.variables()
     assert "".join(p.text for p in pieces if p.var == "first") == variables["first"]
     for i, label in enumerate(("fork 1", "fork 2")):

@@ -48,6 +48,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run",
                  "--disable-quic", "--disable-dev-shm-usage"]  # fmt: skip
 TIMEOUT_MS = 30_000
+# The aborted request's model: the tiny chat model with a context long enough for a request
+# that runs for minutes (LONG_TOKENS at a few ms a token), far past every wait of the test
+# before its abort; the KV pool holds it whole (512 bytes a token in float32).
+LONG_CONTEXT = 131_072
+LONG_TOKENS = LONG_CONTEXT - 1024
+LONG_KV_MEMORY = "96MiB"
 
 
 def _free_port() -> int:
@@ -56,13 +62,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def long_context_model_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    from radixlang.testing import write_tiny_chat_model
+
+    folder = tmp_path_factory.mktemp("tiny-long-context-model")
+    return write_tiny_chat_model(folder, max_positions=LONG_CONTEXT)
+
+
 @contextlib.contextmanager
-def _serve(model_dir: Path, *extra: str) -> Iterator[str]:
+def _serve(model_dir: Path, *extra: str, kv_memory: str = "32MiB") -> Iterator[str]:
     """``radixlang serve`` on the tiny model until the block ends; yields its URL."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "radixlang.cli", "serve", "--model", str(model_dir),
-           "--port", str(port), "--dtype", "float32", "--kv-memory", "32MiB",
+           "--port", str(port), "--dtype", "float32", "--kv-memory", kv_memory,
            "--dashboard-interval", "0.25", "--log-level", "warning",
            "--served-model-name", "tiny", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -138,10 +152,10 @@ def _run_forked_program(url: str) -> None:
 
 
 def test_the_dashboard_shows_the_tree_requests_counters_programs_and_playground(
-    chat_model_dir, browser_page, tmp_path
+    long_context_model_dir, browser_page, tmp_path
 ):
     page = browser_page
-    with _serve(chat_model_dir) as url:
+    with _serve(long_context_model_dir, kv_memory=LONG_KV_MEMORY) as url:
         page.goto(url + "/dashboard")
         page.wait_for_selector("#status:has-text('live')")
 
@@ -186,13 +200,14 @@ def test_the_dashboard_shows_the_tree_requests_counters_programs_and_playground(
         assert all("cached" in t for t in hits.all_text_contents()), hits.all_text_contents()
         _shot(page, tmp_path, "dashboard-after-program")
 
-        # A long request shows in the list while it runs, and the page's abort stops it.
+        # A long request shows in the list while it runs, and the page's abort stops it. It
+        # cannot finish before the abort (minutes of tokens): the abort is what ends it.
         outcome: list[dict] = []
 
         def long_request() -> None:
             body = {"text": "Count slowly:", "sampling_params": {
-                "max_new_tokens": 900, "ignore_eos": True, "temperature": 0}}  # fmt: skip
-            outcome.append(httpx.post(url + "/generate", json=body, timeout=120).json())
+                "max_new_tokens": LONG_TOKENS, "ignore_eos": True, "temperature": 0}}  # fmt: skip
+            outcome.append(httpx.post(url + "/generate", json=body, timeout=300).json())
 
         runner = threading.Thread(target=long_request)
         runner.start()
@@ -202,12 +217,11 @@ def test_the_dashboard_shows_the_tree_requests_counters_programs_and_playground(
         expect(page.locator("#requests tbody td.state").first).to_have_text(
             re.compile(r"^(prefill|decode)$"), timeout=15_000
         )
-        # Aborted at once: a full-page screenshot first can take long enough on a loaded
-        # machine for the tiny model to finish its 900 tokens.
         row.first.locator("button.abort").click()
         _shot(page, tmp_path, "dashboard-aborted-request")
-        runner.join(60)
+        runner.join(120)
         assert outcome and outcome[0]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert outcome[0]["meta_info"]["completion_tokens"] < LONG_TOKENS
         page.wait_for_selector("#requests-empty", state="visible")
         assert page.locator("#requests tbody tr").count() == 0
 
