@@ -26,8 +26,8 @@ from radixlang.lang.backends.base import Backend, StreamMeta, usage_of
 from radixlang.lang.backends.http_client import (
     DEFAULT_TIMEOUT,
     HTTPBackendError,
+    RetainedPrograms,
     ServiceClient,
-    check_response,
 )
 from radixlang.lang.chat_template import PLAIN, ChatTemplate, from_jinja
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
@@ -42,8 +42,6 @@ _TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return
 # select scores the prompt's last few tokens too: where a choice's tokenization departs from
 # the prompt's is found among them (a boundary merge reaches back a token or two).
 _BOUNDARY_WINDOW = 4
-# What a server without /release_program (SGLang's) answers there.
-_NO_ROUTE = (404, 405)
 
 
 class EndpointError(HTTPBackendError):
@@ -63,13 +61,11 @@ class RuntimeEndpoint(Backend):
         self.base_url = base_url.rstrip("/")
         self.report_programs = report_programs
         self._report_failed = False  # warn once, not per program
-        # The programs whose calls asked the server to retain their paths (release_program),
-        # and whether the server has the route that ends that (an SGLang server has not).
-        self._retaining: set[str] = set()
-        self._can_release = True
         self.service = ServiceClient(
             self.base_url, api_key, timeout, transport, EndpointError, _SERVER
         )
+        # The programs whose calls asked the server to retain their paths (release_program).
+        self._retained = RetainedPrograms(self.service, "/release_program")
         self.client = self.service.client
         try:
             self.model_info = self.get_model_info()
@@ -132,28 +128,13 @@ class RuntimeEndpoint(Backend):
     def _note_retention(self, sampling: dict[str, Any]) -> None:
         """Remember the program of a call that asks to retain its path: it is the server's
         program key (the ``X-Routing-Key`` its requests carry), released when the run ends."""
-        key = current_routing_key()
-        if sampling.get("retain_s") and key is not None:
-            self._retaining.add(key)
+        if sampling.get("retain_s"):
+            self._retained.note(current_routing_key())
 
     def release_program(self, key: str) -> None:
-        """End the server's retentions of ``key``'s paths. Never raises: the program has ended,
-        and a failure only leaves the paths to their deadline (a warning says so)."""
-        if key not in self._retaining:
-            return
-        self._retaining.discard(key)
-        if not self._can_release:
-            return
-        try:
-            body = {"routing_key": key}
-            response = self.service.request("POST", "/release_program", body, check=False)
-            if response.status_code in _NO_ROUTE:
-                self._can_release = False  # no such route (SGLang): the deadline bounds them
-                return
-            check_response(response, EndpointError, _SERVER)
-        except Exception as e:
-            log.warning("could not release program %r's retained paths on %s (they stay "
-                        "until their deadline): %s", key, self.base_url, e)  # fmt: skip
+        """End the server's retentions of ``key``'s paths (never raises: see
+        ``RetainedPrograms``)."""
+        self._retained.release(key)
 
     # ---- select ------------------------------------------------------------------------------
     def select(

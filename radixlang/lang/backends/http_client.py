@@ -7,12 +7,15 @@ programs); one ``httpx.Client`` is thread-safe and keeps a pool of connections f
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
 from radixlang.lang.routing import add_routing_header
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 600.0  # seconds: a long generation on a busy server is not a failure
 
@@ -177,3 +180,38 @@ class ServiceClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+class RetainedPrograms:
+    """The programs whose calls asked a radixlang server to retain their paths (a call that
+    may call tools), and the end of that when their run ends: ``POST /release_program`` at
+    ``url``. A service without the route (SGLang's, vLLM's: 404 or 405) is not asked again, and
+    ``supported=False`` never asks; any other failure is a warning, never the program's error
+    (the paths then stay until their deadline)."""
+
+    def __init__(self, service: ServiceClient, url: str, supported: bool = True) -> None:
+        self.service = service
+        self.url = url
+        self.supported = supported
+        self.keys: set[str] = set()
+
+    def note(self, key: str | None) -> None:
+        """A call of program ``key`` made the server retain its path."""
+        if key is not None and self.supported:
+            self.keys.add(key)
+
+    def release(self, key: str) -> None:
+        if key not in self.keys:
+            return
+        self.keys.discard(key)
+        if not self.supported:
+            return
+        try:
+            response = self.service.request("POST", self.url, {"routing_key": key}, check=False)
+            if response.status_code in (404, 405):
+                self.supported = False  # no such route: the deadline bounds the retentions
+                return
+            check_response(response, self.service.error_cls, self.service.name)
+        except Exception as e:
+            log.warning("could not release program %r's retained paths on %s (they stay "
+                        "until their deadline): %s", key, self.service.base_url, e)  # fmt: skip

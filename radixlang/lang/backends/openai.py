@@ -42,8 +42,8 @@ from radixlang.lang.backends.base import Backend
 from radixlang.lang.backends.http_client import (
     DEFAULT_TIMEOUT,
     HTTPBackendError,
+    RetainedPrograms,
     ServiceClient,
-    check_response,
 )
 from radixlang.lang.chat_template import PLAIN, ChatTemplate
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, TokenLogprob, decide
@@ -53,8 +53,6 @@ from radixlang.sampling_fields import SAMPLING_FIELDS
 log = logging.getLogger(__name__)
 
 _SERVICE = "the OpenAI-compatible service"
-# What a service without /release_program (vLLM's, SGLang's) answers there.
-_NO_ROUTE = (404, 405)
 # The sampling fields an OpenAI-style request carries under their own names (beams and
 # logit_bias are not sent from programs; json_schema goes as response_format, below). OpenAI's
 # own fields are sent always; the others (vLLM and SGLang extras) only when not the default.
@@ -95,11 +93,11 @@ class OpenAI(Backend):
         self.is_chat_model = is_chat_model
         # OpenAI's own service, which takes none of the extras other services do.
         self.official = "api.openai.com" in self.base_url
-        # The programs whose calls made the service retain their paths (release_program), and
-        # whether it has the route that ends that (only a radixlang server has; OpenAI's own
-        # service is never asked).
-        self._retaining: set[str] = set()
-        self._can_release = not self.official
+        # The programs whose calls made the service retain their paths (release_program, at
+        # a radixlang server's root; OpenAI's own service is never asked).
+        self._retained = RetainedPrograms(
+            self.service, _server_root(self.base_url) + "/release_program", not self.official
+        )
         self.chat_template = chat_template or (CHAT_MESSAGES if is_chat_model else PLAIN)
 
     def get_chat_template(self) -> ChatTemplate:
@@ -164,29 +162,13 @@ class OpenAI(Backend):
         """Remember the program of a call that makes a radixlang server retain its path (one
         that offers tools, which retains by default, or sends ``retain_s``): the server keeps
         it under the ``X-Routing-Key`` the call carries, released when the run ends."""
-        key = current_routing_key()
-        if key is not None and self._can_release and (body.get("tools") or body.get("retain_s")):
-            self._retaining.add(key)
+        if body.get("tools") or body.get("retain_s"):
+            self._retained.note(current_routing_key())
 
     def release_program(self, key: str) -> None:
-        """End the server's retentions of ``key``'s paths (``POST /release_program`` at the
-        server's root). Never raises: the program has ended, and a failure only leaves the
-        paths to their deadline (a warning says so)."""
-        if key not in self._retaining:
-            return
-        self._retaining.discard(key)
-        if not self._can_release:
-            return
-        try:
-            url = _server_root(self.base_url) + "/release_program"
-            response = self.service.request("POST", url, {"routing_key": key}, check=False)
-            if response.status_code in _NO_ROUTE:
-                self._can_release = False  # not a radixlang server: the deadline bounds them
-                return
-            check_response(response, OpenAIError, _SERVICE)
-        except Exception as e:
-            log.warning("could not release program %r's retained paths on %s (they stay "
-                        "until their deadline): %s", key, self.base_url, e)  # fmt: skip
+        """End the server's retentions of ``key``'s paths (never raises: see
+        ``RetainedPrograms``)."""
+        self._retained.release(key)
 
     # ---- select ------------------------------------------------------------------------------
     def select(
