@@ -108,11 +108,20 @@ for _ in $(seq "$BURNERS"); do
 done
 echo "stress: ${#MODULES[@]} modules x $N runs beside $BURNERS CPU burners; reports in $out"
 
+# A script started in the background (`nohup ... &`) has SIGINT ignored, which its children
+# inherit (and a shell cannot undo): pytest starts through an exec that restores the default,
+# so the tests' processes take Ctrl-C as they do in a terminal or in CI.
+pytest_with_sigint() {
+    .venv/bin/python -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execv(sys.executable, [sys.executable, "-m", "pytest", *sys.argv[1:]])' "$@"
+}
+
 failed_runs=0
 for run in $(seq "$N"); do
     SECONDS=0
     status=0
-    .venv/bin/python -m pytest -n 0 -q -p no:cacheprovider --junitxml="$out/run-$run.xml" \
+    pytest_with_sigint -n 0 -q -p no:cacheprovider --junitxml="$out/run-$run.xml" \
         "${DESELECT[@]}" "${MODULES[@]}" >"$out/run-$run.log" 2>&1 || status=$?
     echo "stress: run $run of $N: pytest exit $status after ${SECONDS}s ($(tail -1 "$out/run-$run.log"))"
     [ "$status" = 0 ] || failed_runs=$((failed_runs + 1))

@@ -20,8 +20,13 @@ import pytest
 
 SCRIPT = textwrap.dedent(
     """
-    import atexit, sys, threading, time
+    import atexit, faulthandler, signal, sys, threading, time
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for it at a hang
+    # Ctrl-C raises KeyboardInterrupt, as in a program started from a terminal, even where the
+    # test's own process ignores SIGINT (a job started in the background with '&' does, and a
+    # child inherits that: Python then installs no handler and the signal would be ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     model, mode = sys.argv[1], sys.argv[2]
     def after_radixlang_hook():  # registered first, so it runs after radixlang's exit hook
         if rt.engine.is_running:
@@ -129,9 +134,13 @@ def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
     try:
         out, err = proc.communicate(timeout=180)  # a hang guard: a loaded machine is slow
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"the process did not exit; stderr:\n{err}")
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack to stderr (faulthandler)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the process did not exit; stderr (with its threads' stacks):\n{err}")
     for failure in NATIVE_FAILURES:
         assert failure not in err, err
     return out, err
