@@ -35,7 +35,14 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight", "program")
 # it to its retain_max_s, and the program's end releases it sooner.
 TOOL_CALL_RETAIN_S = 30.0
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8")  # the runtime's models/linear.py QUANTIZATIONS
+QUANTIZATIONS = (
+    "auto",
+    "none",
+    "int8",
+    "gguf",
+    "q8_0",
+    "q4_0",
+)  # the runtime's models/linear.py QUANTIZATIONS
 PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
 SPECULATIVE = ("off", "ngram")  # runtime/speculative
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -346,9 +353,12 @@ ENGINE_SETTINGS = (
             "lower the forward's CPU threads while other processes keep cores busy, raise them "
             "again after (default: on for CPUs without a fixed thread count, unless "
             "$RADIXLANG_ADAPT_THREADS is 0)"),
-    Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), "none",
-            "weights: none (the dtype's; the default), int8 (weight-only, one scale per "
-            "output row; CPUs)"),
+    Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), "auto",
+            "weights: auto (the default: a .gguf file's blocks as stored, other models in the "
+            "dtype), none (the dtype's; a GGUF dequantized), int8 (weight-only, one scale per "
+            "output row; CPUs), gguf (a GGUF model's Q4_0, Q4_1 and Q8_0 blocks multiplied in "
+            "place, from the memory-mapped file; CPUs), q8_0 or q4_0 (the layers' weights "
+            "quantized at load into those blocks; CPUs)"),
     Setting("engine", "host_tier_memory", SIZE, None,
             "a second tier for evicted prefixes' KV, e.g. 4GiB (off by default): pinned host "
             "memory for a GPU pool; host memory for a CPU pool, or a memory-mapped file under "

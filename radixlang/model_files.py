@@ -122,11 +122,13 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ModelFiles:
-    """A loadable model folder and its parsed config."""
+    """A loadable model folder and its parsed config; ``gguf``: the GGUF file whose tensors are
+    the weights (kept as stored), when the folder holds only the config and tokenizer."""
 
     name: str
     path: Path
     config: ModelConfig
+    gguf: Path | None = None
 
     def hf_config(self) -> Any:
         """The transformers config object (imports transformers)."""
@@ -147,11 +149,22 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "radixlang"
 
 
-def load_model_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> ModelFiles:
+def is_gguf_file(name_or_path: str | os.PathLike[str]) -> bool:
+    """Whether ``name_or_path`` names a local ``.gguf`` file (not a registered model)."""
+    spec = os.fspath(name_or_path)
+    return spec not in REGISTRY and spec.endswith(".gguf") and Path(spec).expanduser().is_file()
+
+
+def load_model_files(
+    name_or_path: str | os.PathLike[str] = DEFAULT_MODEL, keep_gguf: bool = False
+) -> ModelFiles:
     """Files for a registered model name, a local Hugging Face folder, a local GGUF file, or a
     Hugging Face model id already in the local Hugging Face cache (nothing is downloaded).
 
-    A GGUF source is converted once into the cache directory; later calls reuse the folder.
+    A GGUF source is converted once into the cache directory (float32 safetensors); later calls
+    reuse the folder. ``keep_gguf``: no conversion; the cached folder holds the config and the
+    tokenizer only (kilobytes to megabytes), and ``ModelFiles.gguf`` names the file whose
+    tensors the runtime reads as they are stored.
     """
     spec = os.fspath(name_or_path)
     if spec in REGISTRY:
@@ -159,7 +172,7 @@ def load_model_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Mo
         gguf = _locate_registered_gguf(entry)
         version = importlib.metadata.version(entry.distribution)
         source_key = f"{entry.distribution}=={version}|{gguf.stat().st_size}"
-        return _files_from_gguf(entry.name, gguf, source_key)
+        return _files_from_gguf(entry.name, gguf, source_key, keep_gguf)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -168,7 +181,7 @@ def load_model_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> Mo
     if path.is_file() and path.suffix == ".gguf":
         st = path.stat()
         source_key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-        return _files_from_gguf(path.stem.lower(), path.resolve(), source_key)
+        return _files_from_gguf(path.stem.lower(), path.resolve(), source_key, keep_gguf)
     if _looks_like_hub_id(spec):
         folder = _hub_cache_snapshot(spec)
         return ModelFiles(spec, folder, _read_config(folder))
@@ -222,11 +235,13 @@ def _locate_registered_gguf(entry: RegisteredModel) -> Path:
     return gguf
 
 
-def _files_from_gguf(name: str, gguf: Path, source_key: str) -> ModelFiles:
-    digest = hashlib.sha256(f"v{CONVERTER_VERSION}|{source_key}".encode()).hexdigest()[:12]
+def _files_from_gguf(name: str, gguf: Path, source_key: str, keep_gguf: bool) -> ModelFiles:
+    kind = "metadata" if keep_gguf else "converted"
+    key = f"v{CONVERTER_VERSION}|{source_key}" + ("|metadata" if keep_gguf else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     folder = cache_dir() / "models" / f"{name}-{digest}"
-    publish_atomically(folder, lambda out: convert_gguf(gguf, out))
-    return ModelFiles(name, folder, _read_config(folder))
+    publish_atomically(folder, lambda out: convert_gguf(gguf, out, weights=kind == "converted"))
+    return ModelFiles(name, folder, _read_config(folder), gguf if keep_gguf else None)
 
 
 def _read_config(folder: Path) -> ModelConfig:
@@ -297,8 +312,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantise a GGUF model with transformers and save it as a float32 safetensors folder.
+def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
+    """Dequantise a GGUF model with transformers and save it as a float32 safetensors folder;
+    ``weights=False``: its config and tokenizer only (the runtime reads the weights from the
+    file itself).
 
     float32 holds the dequantised GGUF values exactly; lower precisions are chosen at load time.
     """
@@ -307,9 +324,16 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
-    print(f"radixlang: converting {gguf.name} to safetensors once", file=sys.stderr, flush=True)
+    what = " to safetensors" if weights else "'s config and tokenizer"
+    print(f"radixlang: converting {gguf.name}{what} once", file=sys.stderr, flush=True)
     with _quiet_transformers(transformers):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        if not weights:
+            config = gguf_config(gguf)
+            _save_config_and_tokenizer(config, tokenizer, out)
+            source = {"gguf": str(gguf), "size": gguf.stat().st_size, "weights": "in the file"}
+            (out / "radixlang-source.json").write_text(json.dumps(source, indent=2) + "\n")
+            return
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
         # transformers refuses to save a model it thinks is GGUF-quantised; the weights are
         # plain float32 tensors by now.
@@ -323,6 +347,50 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         tokenizer.save_pretrained(out)
     source = {"gguf": str(gguf), "size": gguf.stat().st_size, "converter": CONVERTER_VERSION}
     (out / "radixlang-source.json").write_text(json.dumps(source, indent=2) + "\n")
+
+
+def gguf_config(gguf: Path) -> Any:
+    """The transformers config of a ``.gguf`` file: ``AutoConfig`` reading its metadata, with
+    what transformers leaves out put back."""
+    from transformers import AutoConfig
+
+    from radixlang.gguf_file import GGUFFile
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    meta = GGUFFile(gguf)
+    arch = meta.get("general.architecture")
+    # transformers maps no head size for qwen2/qwen3 (Qwen3Config then defaults to 128);
+    # llama.cpp writes it as the key length where it is not hidden_size / heads.
+    key_length = meta.get(f"{arch}.attention.key_length")
+    if key_length is not None and getattr(config, "head_dim", None) != key_length:
+        config.head_dim = int(key_length)
+    # No metadata says a llama has attention biases (llama.cpp uses the tensors it finds);
+    # transformers would build the model without them and drop them.
+    if hasattr(config, "attention_bias") and "blk.0.attn_q.bias" in meta.tensors:
+        config.attention_bias = True
+    return config
+
+
+def _save_config_and_tokenizer(config: Any, tokenizer: Any, out: Path) -> None:
+    """What a converted folder holds but the weights: no quantization_config (the runtime reads
+    the blocks itself), the context length as the tokenizer's maximum."""
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    if not getattr(config, "architectures", None):
+        config.architectures = [_CAUSAL_LM_CLASSES.get(config.model_type, "LlamaForCausalLM")]
+    max_context = getattr(config, "max_position_embeddings", None)
+    if max_context:
+        tokenizer.model_max_length = max_context
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+_CAUSAL_LM_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 @contextlib.contextmanager

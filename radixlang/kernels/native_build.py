@@ -37,8 +37,14 @@ FLAGS = (
     "-fno-finite-math-only",
 )
 LINK_FLAGS = ("-shared", "-fopenmp")
-# Per source, after FLAGS: the batch-invariant linear's sums must keep the order written.
-SOURCE_FLAGS = {"invariant_linear": ("-fno-associative-math", "-fno-reciprocal-math")}
+# Per source, after FLAGS: sums that must keep the order written.
+_ORDERED = ("-fno-associative-math", "-fno-reciprocal-math")
+# block32_linear: its quantizers match numpy references bit for bit (no fused multiply-adds
+# where the reference rounds twice).
+SOURCE_FLAGS = {
+    "invariant_linear": _ORDERED,
+    "block32_linear": (*_ORDERED, "-ffp-contract=off"),
+}
 
 
 def target_flag() -> str:

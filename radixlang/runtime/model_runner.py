@@ -17,11 +17,12 @@ from pathlib import Path
 import torch
 
 from radixlang import kernels
-from radixlang.model_files import DEFAULT_MODEL, ModelFiles, load_model_files
+from radixlang.model_files import DEFAULT_MODEL, ModelFiles, is_gguf_file, load_model_files
 from radixlang.runtime.block_pool import RELEASED, blocks_for, dead_blocks
 from radixlang.runtime.cuda_graphs import DEFAULT_MAX_BATCH, DecodeGraphRunner, capture_sizes
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, default_kv_budget
+from radixlang.runtime.models.linear import QUANTIZATIONS
 from radixlang.runtime.models.llama import LlamaForCausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,6 +72,19 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def _resolve_quantization(quantization: str, model: str | Path | ModelFiles) -> str:
+    """``auto``: a ``.gguf`` file's own blocks (``gguf``), anything else as ``none``."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}"
+        )
+    if quantization != "auto":
+        return quantization
+    if isinstance(model, ModelFiles):
+        return "gguf" if model.gguf is not None else "none"
+    return "gguf" if is_gguf_file(model) else "none"
+
+
 class ModelRunner:
     """Owns the native model and its KV storage; runs packed batches.
 
@@ -93,12 +107,16 @@ class ModelRunner:
         num_blocks: int | None = None,
         kv_budget_bytes: int | None = None,
         kv_dtype: str | torch.dtype | None = None,
-        quantization: str = "none",
+        quantization: str = "auto",
         cuda_graphs: bool | None = None,
         cuda_graph_max_batch: int = DEFAULT_MAX_BATCH,
         deterministic: bool = False,
     ) -> None:
-        self.files = model if isinstance(model, ModelFiles) else load_model_files(model)
+        quantization = _resolve_quantization(quantization, model)
+        if isinstance(model, ModelFiles):
+            self.files = model
+        else:
+            self.files = load_model_files(model, keep_gguf=quantization == "gguf")
         self.deterministic = deterministic
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
@@ -108,14 +126,28 @@ class ModelRunner:
             )
         if cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {cuda_graph_max_batch}")
-        self.model = LlamaForCausalLM.from_folder(
-            self.files.path,
-            dtype=self.dtype,
-            device=self.device,
-            config=self.files.hf_config(),
-            quantization=quantization,
-            deterministic=deterministic,
-        )
+        if quantization == "gguf" and self.files.gguf is None:
+            raise ValueError(
+                f"quantization='gguf' serves a GGUF file's blocks; {self.files.name} was not "
+                f"loaded from one (pass the .gguf file, or choose none or int8)"
+            )
+        if quantization == "gguf":
+            self.model = LlamaForCausalLM.from_gguf(
+                self.files.gguf,  # type: ignore[arg-type]
+                config=self.files.hf_config(),
+                dtype=self.dtype,
+                device=self.device,
+                deterministic=deterministic,
+            )
+        else:
+            self.model = LlamaForCausalLM.from_folder(
+                self.files.path,
+                dtype=self.dtype,
+                device=self.device,
+                config=self.files.hf_config(),
+                quantization=quantization,
+                deterministic=deterministic,
+            )
         self.quantization = quantization
         cache_dtype = resolve_dtype(kv_dtype) if kv_dtype is not None else self.dtype
         if cache_dtype != self.dtype and kernels.use_triton(self.model.embed):

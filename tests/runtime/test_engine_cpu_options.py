@@ -54,7 +54,7 @@ def test_int8_weights_generate_close_to_float32(chat_model_dir):
 
 
 def test_unknown_quantization_is_refused(chat_model_dir):
-    with pytest.raises(ValueError, match="quantization must be one of none, int8"):
+    with pytest.raises(ValueError, match="must be one of auto, none, int8, gguf, q8_0, q4_0"):
         stepped(chat_model_dir, quantization="int3")
 
 

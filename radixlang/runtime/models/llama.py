@@ -17,9 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from radixlang import kernels
+from radixlang.kernels import block_linear as block_kernel
 from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
+from radixlang.runtime.models.block_linear import BlockLinear
 from radixlang.runtime.models.linear import Int8Linear, InvariantLinear, Linear, make_linear
 from radixlang.runtime.models.rope import RopeTable, apply_rotary, cos_sin, inverse_frequencies
 
@@ -125,7 +127,30 @@ def _layer_windows(config: Any) -> tuple[int | None, ...]:
     return windows if any(w is not None for w in windows) else ()
 
 
-AnyLinear = Linear | Int8Linear | InvariantLinear
+AnyLinear = Linear | Int8Linear | InvariantLinear | BlockLinear
+# Float models quantized at load into GGUF blocks, multiplied by the same kernel as GGUF files.
+QUANTIZE_AT_LOAD = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
+
+
+def _quantized(weight: torch.Tensor, fmt: str, device: torch.device) -> Any:
+    """``weight`` (float32) as ``fmt`` blocks for the block kernel; a matrix whose rows do not
+    split into 32-element blocks stays float."""
+    if device.type != "cpu":
+        raise ValueError(f"{fmt} weights run on CPUs only")
+    if not block_kernel.available():
+        raise ValueError(f"{fmt} weights need the native block kernel, which did not build here")
+    return block_kernel.quantize(weight, fmt) if weight.shape[1] % 32 == 0 else weight
+
+
+def _kernel_blocks(weights: Any, names: list[str], device: torch.device) -> list[Any] | None:
+    """Each name's ``RawBlocks`` where the block kernel multiplies it (``None`` in its place for
+    a matrix to hold as floats), or ``None`` when no part is for the kernel: not on a CPU, no
+    native kernel here, or no part stored in a block format it takes."""
+    if device.type != "cpu" or not block_kernel.available():
+        return None
+    blocks = [weights.blocks(n) for n in names]
+    blocks = [b if b is not None and block_kernel.takes(b) else None for b in blocks]
+    return blocks if any(b is not None for b in blocks) else None
 
 
 @dataclass
@@ -194,8 +219,38 @@ class LlamaForCausalLM:
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(path, local_files_only=True)
+        return cls._from_weights(
+            config, _SafetensorsFolder(path), dtype, device, quantization, deterministic
+        )
+
+    @classmethod
+    def from_gguf(
+        cls,
+        path: str | Path,
+        config: Any,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        deterministic: bool = False,
+    ) -> LlamaForCausalLM:
+        """Load a GGUF file's weights as they are stored: Q4_0, Q4_1 and Q8_0 matrices stay
+        blocks of the memory-mapped file (``BlockLinear``), float ones take ``dtype``; other
+        quantized types are dequantized to ``dtype``. ``config``: the transformers config the
+        file's metadata gives."""
+        from radixlang.runtime.models.gguf_weights import GGUFWeights
+
+        return cls._from_weights(config, GGUFWeights(path), dtype, device, "gguf", deterministic)
+
+    @classmethod
+    def _from_weights(
+        cls,
+        config: Any,
+        weights: Any,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        quantization: str,
+        deterministic: bool,
+    ) -> LlamaForCausalLM:
         arch = LlamaArch.from_config(config)
-        weights = _SafetensorsFolder(path)
         device = torch.device(device)
 
         def load(name: str) -> torch.Tensor:
@@ -204,8 +259,24 @@ class LlamaForCausalLM:
         def maybe(name: str) -> torch.Tensor | None:
             return load(name) if weights.has(name) else None
 
-        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> AnyLinear:
-            return make_linear(weight, bias, quantization, deterministic)
+        def linear(names: list[str], bias: torch.Tensor | None = None) -> AnyLinear:
+            if quantization in QUANTIZE_AT_LOAD:
+                fmt = QUANTIZE_AT_LOAD[quantization]
+                parts = [_quantized(weights.get(n), fmt, device) for n in names]
+                return BlockLinear(parts, bias, dtype, deterministic)
+            if quantization == "gguf":
+                blocks = _kernel_blocks(weights, names, device)
+                if blocks is not None:
+                    parts = zip(blocks, names, strict=True)
+                    return BlockLinear(
+                        [b if b is not None else load(n) for b, n in parts],
+                        bias,
+                        dtype,
+                        deterministic,
+                    )
+            weight = torch.cat([load(n) for n in names]) if len(names) > 1 else load(names[0])
+            kind = "none" if quantization == "gguf" else quantization
+            return make_linear(weight, bias, kind, deterministic)
 
         layers = []
         for i in range(arch.num_layers):
@@ -218,26 +289,25 @@ class LlamaForCausalLM:
                 LayerWeights(
                     input_norm=load(p + "input_layernorm.weight"),
                     qkv=linear(
-                        torch.cat([load(attn + f"{n}_proj.weight") for n in "qkv"]),
+                        [attn + f"{n}_proj.weight" for n in "qkv"],
                         None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
                     ),
                     q_norm=maybe(attn + "q_norm.weight") if arch.qk_norm else None,
                     k_norm=maybe(attn + "k_norm.weight") if arch.qk_norm else None,
-                    o=linear(load(attn + "o_proj.weight"), maybe(attn + "o_proj.bias")),
+                    o=linear([attn + "o_proj.weight"], maybe(attn + "o_proj.bias")),
                     post_norm=load(p + "post_attention_layernorm.weight"),
-                    gate_up=linear(
-                        torch.cat(
-                            [load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")]
-                        )
-                    ),
-                    down=linear(load(p + "mlp.down_proj.weight")),
+                    gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                    down=linear([p + "mlp.down_proj.weight"]),
                 )
             )
         embed = load("model.embed_tokens.weight")
         tied = arch.tie_word_embeddings or not weights.has("lm_head.weight")
-        lm_head = make_linear(
-            embed if tied else load("lm_head.weight"), deterministic=deterministic
-        )
+        head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        head_blocks = _kernel_blocks(weights, [head], device) if quantization == "gguf" else None
+        if head_blocks is not None:
+            lm_head: AnyLinear = BlockLinear(head_blocks, None, dtype, deterministic)  # type: ignore[arg-type]
+        else:
+            lm_head = make_linear(embed if tied else load(head), deterministic=deterministic)
         return cls(arch, embed, layers, load("model.norm.weight"), lm_head, deterministic)
 
     @property

@@ -1,0 +1,94 @@
+"""Linear layers whose weights stay in GGUF's quantized blocks (kernels/block_linear.py).
+
+A layer may be several matrices stacked by rows (q/k/v fused, gate/up fused) whose formats
+differ, as in llama.cpp's mixes (Q4_K_M keeps some projections at higher precision): each part
+writes its own columns of the output. A part the block kernel does not take is held as a float
+linear of the model's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from radixlang.kernels import block_linear
+from radixlang.kernels.block_formats import RawBlocks
+from radixlang.runtime.models.linear import InvariantLinear, Linear, make_linear
+
+FloatLinear = Linear | InvariantLinear
+
+
+class BlockLinear:
+    """``y = x @ W.T + bias`` for ``W`` stacked from ``parts`` (``RawBlocks`` the kernel takes,
+    or float weights ``[rows, in]``).
+
+    Decode-sized batches multiply from the blocks (activations quantized per 32-element block);
+    batches of ``block_linear.GEMM_MIN_ROWS`` rows or more dequantize each part to ``x``'s dtype
+    and multiply in torch, except in deterministic mode, where every batch takes the block kernel
+    (its rows do not depend on the batch)."""
+
+    def __init__(
+        self,
+        parts: list[RawBlocks | torch.Tensor],
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        deterministic: bool = False,
+    ) -> None:
+        widths = {p.cols if isinstance(p, RawBlocks) else p.shape[1] for p in parts}
+        if len(widths) != 1:
+            raise ValueError(f"stacked parts must share their input width; got {sorted(widths)}")
+        self.in_features = widths.pop()
+        self.deterministic = deterministic
+        self.bias = bias
+        self.parts: list[tuple[int, int, RawBlocks | FloatLinear]] = []
+        start = 0
+        for part in parts:
+            rows = part.rows if isinstance(part, RawBlocks) else part.shape[0]
+            held: RawBlocks | FloatLinear
+            if isinstance(part, RawBlocks):
+                held = part
+            else:
+                held = make_linear(part.to(dtype), None, "none", deterministic)  # type: ignore[assignment]
+            self.parts.append((start, start + rows, held))
+            start += rows
+        self.out_features = start
+        self.num_bytes = sum(p.num_bytes for _, _, p in self.parts) + (
+            0 if bias is None else bias.numel() * bias.element_size()
+        )
+
+    @property
+    def formats(self) -> list[str]:
+        """Each part's storage type ("Q4_0", ...; "float" for a part held as a float linear)."""
+        return [p.format.name if isinstance(p, RawBlocks) else "float" for _, _, p in self.parts]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] >= block_linear.GEMM_MIN_ROWS and not self.deterministic:
+            y = self._dequantized_gemm(x2)
+        else:
+            y = self._block_dots(x2)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*lead, self.out_features)
+
+    def _block_dots(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float().contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        for start, end, part in self.parts:
+            if isinstance(part, RawBlocks):
+                block_linear.linear_into(x32, part, out[:, start:end])
+            else:
+                out[:, start:end] = part(x)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def _dequantized_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.parts) == 1 and isinstance(self.parts[0][2], RawBlocks):
+            return F.linear(x, block_linear.dequantize(self.parts[0][2], x.dtype))
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        for start, end, part in self.parts:
+            if isinstance(part, RawBlocks):
+                out[:, start:end] = F.linear(x, block_linear.dequantize(part, x.dtype))
+            else:
+                out[:, start:end] = part(x)
+        return out

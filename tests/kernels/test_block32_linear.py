@@ -1,0 +1,203 @@
+"""Linears on GGUF's 32-element blocks (Q4_0, Q4_1, Q8_0): the C++ kernel against a numpy
+reference of the same block format and the same activation quantization, on every code path the
+kernel has (this CPU's: VNNI where it has it; x86-64-v3: AVX2 without VNNI; x86-64: scalar)."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from radixlang.kernels import block_linear, native_build
+from radixlang.kernels.block_formats import FORMATS, RawBlocks
+
+MARCHES = ["native", "x86-64-v3", "x86-64"]
+
+
+@pytest.fixture(params=MARCHES)
+def kernel(request, tmp_path_factory, monkeypatch):
+    """The block kernel built for one CPU class (its own library); skip only without a
+    compiler, fail with the compiler's message on a build error."""
+    march = request.param
+    if march != "native" and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 targets")
+    if march != "native":
+        monkeypatch.setenv("RADIXLANG_NATIVE_MARCH", march)
+    block_linear._library.cache_clear()
+    if reason := native_build.skip_reason(block_linear._library):
+        pytest.skip(reason)
+    yield march
+    block_linear._library.cache_clear()
+
+
+# ---- the numpy reference --------------------------------------------------------------------
+
+
+def reference_quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per 32-element block: d = max|x| / 127, q = round-half-even(x * (1 / d)), in float32."""
+    m, k = x.shape
+    blocks = x.astype(np.float32).reshape(m, k // 32, 32)
+    d = (np.abs(blocks).max(axis=2) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0))
+    q = np.rint(blocks * inv.astype(np.float32)[:, :, None]).astype(np.int32)
+    return q.reshape(m, k).astype(np.int8), d, q.sum(axis=2).astype(np.int32)
+
+
+def reference_blocks(blocks: RawBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values [rows, cols] as integers, scales, mins [rows, cols / 32]) of the GGUF bytes."""
+    rows, nb, size = blocks.rows, blocks.cols // 32, blocks.format.block_bytes
+    raw = blocks.data.reshape(rows, nb, size)
+    d = raw[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float64)
+    mins = np.zeros_like(d)
+    if blocks.format.name == "Q8_0":
+        values = raw[:, :, 2:34].copy().view(np.int8).astype(np.int64)
+    else:
+        start = 4 if blocks.format.name == "Q4_1" else 2
+        if blocks.format.name == "Q4_1":
+            mins = raw[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
+        qs = raw[:, :, start : start + 16].astype(np.int64)
+        values = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # low nibbles are elements 0..15
+        if blocks.format.name == "Q4_0":
+            values = values - 8
+    return values.reshape(rows, -1), d, mins
+
+
+def reference_linear(x: np.ndarray, blocks: RawBlocks) -> tuple[np.ndarray, np.ndarray]:
+    """x @ W.T as the kernel defines it, in float64, and the sum of the terms' magnitudes (the
+    scale of the kernel's float32 rounding)."""
+    qx, dx, sx = reference_quantize_rows(x)
+    w, dw, mw = reference_blocks(blocks)
+    m, k = x.shape
+    nb = k // 32
+    dots = np.einsum(
+        "mbj,nbj->mnb", qx.astype(np.int64).reshape(m, nb, 32), w.reshape(-1, nb, 32)
+    ).astype(np.float64)
+    terms = dots * dw[None] * dx.astype(np.float64)[:, None, :]
+    terms += mw[None] * (dx.astype(np.float64) * sx)[:, None, :]
+    return terms.sum(axis=2), np.abs(terms).sum(axis=2)
+
+
+# ---- random blocks --------------------------------------------------------------------------
+
+
+def random_blocks(name: str, rows: int, cols: int, seed: int) -> RawBlocks:
+    """Blocks of random bytes with finite random scales (and mins), as a file could hold them:
+    any 4-bit or 8-bit value, -128 included."""
+    rng = np.random.default_rng(seed)
+    fmt = FORMATS[name]
+    data = rng.integers(0, 256, size=(rows, cols // 32, fmt.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.02).astype(np.float16)
+    head = 4 if name == "Q4_1" else 2
+    data[:, :, :head] = scales.view(np.uint8).reshape(rows, cols // 32, 4)[:, :, :head]
+    return RawBlocks(fmt, rows, cols, data.reshape(rows, -1))
+
+
+def quantized_by_gguf(name: str, weight: np.ndarray) -> RawBlocks:
+    qtype = GGMLQuantizationType[name]
+    data = quants.quantize(weight.astype(np.float32), qtype)
+    return RawBlocks(FORMATS[name], weight.shape[0], weight.shape[1], data)
+
+
+def run(x: torch.Tensor, blocks: RawBlocks, ldy: int | None = None) -> torch.Tensor:
+    out = torch.full((x.shape[0], ldy or blocks.rows), float("nan"))
+    block_linear.linear_into(x, blocks, out[:, : blocks.rows])
+    return out
+
+
+# ---- tests ----------------------------------------------------------------------------------
+
+
+def test_the_activations_are_quantized_bit_for_bit_as_the_reference_does(kernel):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 96, generator=gen) * torch.tensor([1e-3, 1.0, 1e3, 7.0, 0.5])[:, None]
+    x[1, 32:64] = 0.0  # a zero block: scale 0, values 0, no division by zero
+    x[2, 5] = 12345.0  # one large value flattens its block
+    q, d, s = block_linear.quantize_rows(x)
+    want_q, want_d, want_s = reference_quantize_rows(x.numpy())
+    assert np.array_equal(q.numpy(), want_q)
+    assert np.array_equal(d.numpy(), want_d)
+    assert np.array_equal(s.numpy(), want_s)
+    assert float(d[1, 1]) == 0.0 and int(q[1, 32:64].abs().max()) == 0
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize(("rows", "cols"), [(4, 32), (13, 96), (37, 224), (64, 512)])
+@pytest.mark.parametrize("batch", [1, 2, 3, 8])
+def test_the_kernel_matches_the_reference_on_random_blocks(kernel, name, rows, cols, batch):
+    blocks = random_blocks(name, rows, cols, seed=rows * 31 + batch)
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(rows + batch))
+    got = run(x, blocks).numpy().astype(np.float64)
+    want, magnitude = reference_linear(x.numpy(), blocks)
+    assert np.all(np.abs(got - want) <= 1e-5 * magnitude + 1e-30), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_strided_output_gets_only_its_columns(kernel, name):
+    """Fused projections write each part into its columns of one output."""
+    blocks = random_blocks(name, 10, 64, seed=5)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
+    out = run(x, blocks, ldy=25)
+    assert torch.isnan(out[:, 10:]).all()  # untouched
+    want, magnitude = reference_linear(x.numpy(), blocks)
+    assert np.all(np.abs(out[:, :10].double().numpy() - want) <= 1e-5 * magnitude + 1e-30)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_rows_do_not_depend_on_the_batch_or_the_threads(kernel, name):
+    """Batch invariance: a row's result is the same bits alone, in any batch, at any thread
+    count (deterministic mode relies on it)."""
+    blocks = random_blocks(name, 37, 160, seed=9)
+    x = torch.randn(11, 160, generator=torch.Generator().manual_seed(9))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([run(x[i : i + 1], blocks) for i in range(11)])
+        torch.set_num_threads(2)
+        together = run(x, blocks)
+        pairs = torch.cat([run(x[i : i + 2], blocks) for i in range(0, 10, 2)])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(alone, together)
+    assert torch.equal(alone[:10], pairs)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_matches_the_gguf_package(kernel, name, dtype):
+    blocks = random_blocks(name, 9, 128, seed=2)
+    want = quants.dequantize(blocks.data, GGMLQuantizationType[name]).reshape(9, 128)
+    got = block_linear.dequantize(blocks, dtype)
+    assert got.dtype == dtype and got.shape == (9, 128)
+    # Q4_1's d * q + m is one fused multiply-add here, two roundings in numpy: one ulp apart.
+    expected = torch.from_numpy(want.astype(np.float32)).to(dtype)
+    assert torch.allclose(got.float(), expected.float(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_quantized_weight_multiplies_close_to_its_float_original(kernel, name):
+    """End to end with llama.cpp's own quantizer (the gguf package): the product is close to the
+    float product, as far as the two quantizations allow."""
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(48, 256, generator=gen) * 0.05
+    x = torch.randn(4, 256, generator=gen)
+    blocks = quantized_by_gguf(name, weight.numpy())
+    got = run(x, blocks)
+    exact = x @ weight.T
+    tolerance = {"Q8_0": 0.02, "Q4_0": 0.2, "Q4_1": 0.2}[name]
+    assert float((got - exact).norm() / exact.norm()) < tolerance
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+def test_quantizing_at_load_makes_the_gguf_packages_blocks_bit_for_bit(kernel, name):
+    gen = torch.Generator().manual_seed(6)
+    weight = torch.randn(21, 160, generator=gen) * 0.03
+    weight[0, :32] = 0.0  # an all-zero block
+    weight[1, 40] = -5.0  # the largest magnitude negative: Q4_0's scale takes its sign
+    weight[2, 64:96] = torch.linspace(-1, 1, 32)  # ties at the rounding edges
+    got = block_linear.quantize(weight, name)
+    want = quants.quantize(weight.numpy(), GGMLQuantizationType[name])
+    assert got.format.name == name and (got.rows, got.cols) == (21, 160)
+    assert np.array_equal(got.data, want)
