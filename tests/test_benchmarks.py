@@ -129,3 +129,27 @@ def test_bench_memory_writes_json_and_plot(tmp_path):
     assert pre["unpressured"]["memory_report"]["allocated_per_live"] >= 1.0
     assert (tmp_path / "bench_memory.png").stat().st_size > 0
     assert result["targets"]["tier_outputs_identical"] is True
+
+
+def test_bench_scale_writes_json_and_plot(tmp_path):
+    """A tiny shape written as random Q4_0 blocks, measured in a process of its own (radixlang
+    alone: llama-server is not built in CI)."""
+    bench = load("bench_scale")
+    args = ["--shapes", "tiny", "--types", "q4_0", "--batches", "1", "2", "--prefills", "32"]
+    args += ["--steps", "2", "--no-llama-server", "--models", str(tmp_path / "models")]
+    bench.main([*args, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_scale.json").read_text())
+    (case,) = saved["cases"]
+    assert case["shape"] == "tiny" and case["type"] == "q4_0" and case["floor_ms"] > 0
+    figures = case["systems"]["radixlang"]
+    assert figures["quantization"] == "gguf"  # served from the file's blocks
+    assert set(figures["decode_ms"]) == {"1", "2"} and figures["prefill_tokens_per_s"]["32"] > 0
+    # The step's bytes: every layer's matrices at Q4_0's 18 bytes per 32 weights, and the
+    # tied output layer (the token embedding).
+    shape = bench.SHAPES["tiny"]
+    hidden, inter, heads, kv = shape["hidden"], shape["inter"], shape["heads"], shape["kv"]
+    per_layer = hidden * (hidden + 2 * kv * hidden // heads) + hidden * hidden + 3 * hidden * inter
+    weights = shape["layers"] * per_layer + shape["vocab"] * hidden
+    assert case["weight_bytes_per_step"] == weights // 32 * 18
+    assert saved["machine"]["bandwidth_gb_s"] > 0
+    assert (tmp_path / "bench_scale.png").stat().st_size > 0
