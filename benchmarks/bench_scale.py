@@ -49,10 +49,31 @@ SHAPES: dict[str, dict[str, Any]] = {
                          arch="qwen2", bias=True),
     "qwen2.5-3b": dict(hidden=2048, layers=36, heads=16, kv=2, inter=11008, vocab=151936,
                        arch="qwen2", bias=True),
+    "llama-3.1-8b": dict(hidden=4096, layers=32, heads=32, kv=8, inter=14336, vocab=128256),
     "tiny": dict(hidden=128, layers=2, heads=4, kv=2, inter=256, vocab=49152),  # smoke tests
+    "tiny-k": dict(hidden=256, layers=2, heads=4, kv=2, inter=512, vocab=49152),  # k-quants
 }  # fmt: skip
-TYPES = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_1": "Q4_1", "bf16": "BF16", "f16": "F16"}
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
+TYPES = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_1": "Q4_1", "q4_k_m": "Q4_K_M", "bf16": "BF16",
+         "f16": "F16"}  # fmt: skip
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "BF16": 32}
+
+
+def tensor_type(kind: str, name: str, layer: int, layers: int) -> str:
+    """The type ``name`` gets in a ``kind`` file. Q4_K_M, as llama.cpp's quantizer mixes it:
+    Q4_K, but Q6_K for the output layer and for attn_v and ffn_down in the first and last
+    eighth of the layers and every third layer between."""
+    if kind != "Q4_K_M":
+        return kind
+    if name == "output.weight":
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        more_bits = (
+            layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+        )
+        return "Q6_K" if more_bits else "Q4_K"
+    return "Q4_K"
+
+
 CONTEXT = 512
 
 
@@ -82,12 +103,18 @@ def random_tensor(rng: np.random.Generator, rows: int, cols: int, kind: str) -> 
         return (values.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bfloat16
     size, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     blocks = rng.integers(0, 256, size=(rows, cols // size, nbytes), dtype=np.uint8)
-    head = 4 if kind == "Q4_1" else 2
-    scale = 0.002 if kind == "Q8_0" else 0.006
-    scales = (rng.uniform(0.5, 1.5, (rows, cols // size, head // 2)) * scale).astype(np.float16)
-    if kind == "Q4_1":
-        scales[..., 1] = -8 * scales[..., 0]  # the min: values centred on zero
-    blocks[..., :head] = scales.view(np.uint8).reshape(rows, cols // size, head)
+    # Scales that give weights of about N(0, 0.02), centred: Q4_1's min is -8 d; Q4_K's
+    # sub-block scales and mins are all 32 (6-bit codes) and dmin 7.5 d; Q6_K's scales are 16.
+    scale = {"Q8_0": 0.0003, "Q4_0": 0.005, "Q4_1": 0.005, "Q4_K": 0.00014, "Q6_K": 0.0001}[kind]
+    scales = (rng.uniform(0.5, 1.5, (rows, cols // size, 2)) * scale).astype(np.float16)
+    scales[..., 1] = {"Q4_1": -8.0, "Q4_K": 7.5}.get(kind, 0.0) * scales[..., 0]
+    at = slice(208, 210) if kind == "Q6_K" else slice(0, 4 if kind in ("Q4_1", "Q4_K") else 2)
+    width = at.stop - at.start
+    blocks[..., at] = scales.view(np.uint8).reshape(rows, cols // size, 4)[..., :width]
+    if kind == "Q4_K":
+        blocks[..., 4:16] = [0xA0] * 8 + [0x00] * 4  # every sc and m 32
+    elif kind == "Q6_K":
+        blocks[..., 192:208] = 16
     return blocks.reshape(rows, -1)
 
 
@@ -138,33 +165,34 @@ def write_model(path: Path, shape_name: str, kind: str, seed: int = 0) -> Path:
         elif isinstance(value, str):
             writer.add_key_value(key, value, string)
 
-    qtype = gguf.GGMLQuantizationType[kind]
-
-    def add(name: str, rows: int, cols: int) -> None:
-        data = random_tensor(rng, rows, cols, kind)
-        raw = None if kind == "F32" else qtype
-        writer.add_tensor(name, data, raw_shape=None if kind != "BF16" else (rows, cols),
+    def add(name: str, rows: int, cols: int, layer: int = 0) -> None:
+        chosen = tensor_type(kind, name, layer, layers)
+        data = random_tensor(rng, rows, cols, chosen)
+        raw = None if chosen == "F32" else gguf.GGMLQuantizationType[chosen]
+        writer.add_tensor(name, data, raw_shape=None if chosen != "BF16" else (rows, cols),
                           raw_dtype=raw)  # fmt: skip
 
     def add_f32(name: str, n: int, value: float = 1.0) -> None:
         writer.add_tensor(name, np.full(n, value, dtype=np.float32))
 
     add("token_embd.weight", shape["vocab"], hidden)
+    if kind == "Q4_K_M":  # llama.cpp keeps an output layer apart, in Q6_K
+        add("output.weight", shape["vocab"], hidden)
     add_f32("output_norm.weight", hidden)
     for i in range(layers):
         p = f"blk.{i}."
         add_f32(p + "attn_norm.weight", hidden)
-        add(p + "attn_q.weight", heads * head_dim, hidden)
-        add(p + "attn_k.weight", kv * head_dim, hidden)
-        add(p + "attn_v.weight", kv * head_dim, hidden)
+        add(p + "attn_q.weight", heads * head_dim, hidden, i)
+        add(p + "attn_k.weight", kv * head_dim, hidden, i)
+        add(p + "attn_v.weight", kv * head_dim, hidden, i)
         if shape.get("bias"):
             for part, n in (("q", heads), ("k", kv), ("v", kv)):
                 add_f32(p + f"attn_{part}.bias", n * head_dim, 0.0)
-        add(p + "attn_output.weight", hidden, heads * head_dim)
+        add(p + "attn_output.weight", hidden, heads * head_dim, i)
         add_f32(p + "ffn_norm.weight", hidden)
-        add(p + "ffn_gate.weight", shape["inter"], hidden)
-        add(p + "ffn_up.weight", shape["inter"], hidden)
-        add(p + "ffn_down.weight", hidden, shape["inter"])
+        add(p + "ffn_gate.weight", shape["inter"], hidden, i)
+        add(p + "ffn_up.weight", shape["inter"], hidden, i)
+        add(p + "ffn_down.weight", hidden, shape["inter"], i)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -356,9 +356,9 @@ ENGINE_SETTINGS = (
     Setting("engine", "quantization", _choice_kind(QUANTIZATIONS), "auto",
             "weights: auto (the default: a .gguf file's blocks as stored, other models in the "
             "dtype), none (the dtype's; a GGUF dequantized), int8 (weight-only, one scale per "
-            "output row; CPUs), gguf (a GGUF model's Q4_0, Q4_1 and Q8_0 blocks multiplied in "
-            "place, from the memory-mapped file; CPUs), q8_0 or q4_0 (the layers' weights "
-            "quantized at load into those blocks; CPUs)"),
+            "output row; CPUs), gguf (a GGUF model's Q4_0, Q4_1, Q8_0, Q4_K and Q6_K blocks "
+            "multiplied in place, from the memory-mapped file; CPUs), q8_0 or q4_0 (the "
+            "layers' weights quantized at load into those blocks; CPUs)"),
     Setting("engine", "host_tier_memory", SIZE, None,
             "a second tier for evicted prefixes' KV, e.g. 4GiB (off by default): pinned host "
             "memory for a GPU pool; host memory for a CPU pool, or a memory-mapped file under "

@@ -42,6 +42,9 @@ FORMATS: dict[str, BlockFormat] = {
         BlockFormat("Q4_0", 2, 32, 18),  # f16 scale, 32 x 4-bit (value = (q - 8) * d)
         BlockFormat("Q4_1", 3, 32, 20),  # f16 scale, f16 min, 32 x 4-bit (q * d + m)
         BlockFormat("Q8_0", 8, 32, 34),  # f16 scale, 32 x int8 (q * d)
+        # Super-blocks of 256 (llama.cpp's k-quants; Q4_K_M mixes these two):
+        BlockFormat("Q4_K", 12, 256, 144),  # d, dmin, 6-bit scales and mins per 32, 4-bit
+        BlockFormat("Q6_K", 14, 256, 210),  # 6-bit values, an int8 scale per 16, d
     )
 }
 BY_GGML_TYPE: dict[int, BlockFormat] = {f.ggml_type: f for f in FORMATS.values()}

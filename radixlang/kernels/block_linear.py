@@ -1,4 +1,6 @@
-"""Linears on GGUF's 32-element blocks (Q4_0, Q4_1, Q8_0) in place: ``native/block32_linear.cpp``.
+"""Linears on GGUF's quantized blocks in place: the 32-element ones (Q4_0, Q4_1, Q8_0:
+``native/block32_linear.cpp``) and the k-quants' 256-element super-blocks (Q4_K, Q6_K:
+``native/kquant_linear.cpp``).
 
 The weights stay the bytes they came as (``RawBlocks``; a memory map's pages when loaded from a
 file), so a model takes its file's size in memory, not four to eight times that. Small batches
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,14 +49,38 @@ def _library() -> ctypes.CDLL:
 
 
 @functools.cache
+def _kquant_library() -> ctypes.CDLL:
+    lib = native_build.load("kquant_linear")
+    p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.radixlang_kquant_bytes.argtypes = [i]
+    lib.radixlang_kquant_bytes.restype = i
+    lib.radixlang_kquant_linear.argtypes = [i, p, i64, i64, i64, p, i64, p, i64, i]
+    lib.radixlang_kquant_linear.restype = i
+    lib.radixlang_kquant_dequantize.argtypes = [i, p, i64, i64, i64, p, i, i]
+    lib.radixlang_kquant_dequantize.restype = i
+    return lib
+
+
+@functools.cache
 def available() -> bool:
-    """Whether the block kernel builds and loads here (``RADIXLANG_NATIVE=0`` turns it off)."""
-    return native_build.usable(_library, "native block linear")
+    """Whether the block kernels build and load here (``RADIXLANG_NATIVE=0`` turns them off)."""
+    return native_build.usable(_library, "native block linear") and native_build.usable(
+        _kquant_library, "native k-quant linear"
+    )
+
+
+def _door(blocks: RawBlocks) -> tuple[Any, str]:
+    """The library multiplying ``blocks``' format, and its functions' prefix."""
+    if blocks.format.block_size == 256:
+        return _kquant_library(), "radixlang_kquant"
+    return _library(), "radixlang_block32"
 
 
 def takes(blocks: RawBlocks) -> bool:
-    """Whether this kernel multiplies ``blocks``' format."""
-    return _library().radixlang_block32_bytes(blocks.format.ggml_type) == blocks.format.block_bytes
+    """Whether the kernels multiply ``blocks``' format."""
+    lib, prefix = _door(blocks)
+    bytes_of = getattr(lib, f"{prefix}_bytes")
+    return bytes_of(blocks.format.ggml_type) == blocks.format.block_bytes
 
 
 def _pointer(array: np.ndarray) -> int:
@@ -71,7 +98,8 @@ def linear_into(x: torch.Tensor, blocks: RawBlocks, out: torch.Tensor) -> None:
             f"x {list(x.shape)} and out {list(out.shape)} do not fit a "
             f"[{blocks.rows}, {blocks.cols}] weight"
         )
-    status = _library().radixlang_block32_linear(
+    lib, prefix = _door(blocks)
+    status = getattr(lib, f"{prefix}_linear")(
         blocks.format.ggml_type,
         _pointer(blocks.data),
         blocks.rows,
@@ -92,7 +120,8 @@ def dequantize(blocks: RawBlocks, dtype: torch.dtype = torch.float32) -> torch.T
     other dtypes through float32)."""
     native = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
     out = torch.empty(blocks.rows, blocks.cols, dtype=native)
-    status = _library().radixlang_block32_dequantize(
+    lib, prefix = _door(blocks)
+    status = getattr(lib, f"{prefix}_dequantize")(
         blocks.format.ggml_type,
         _pointer(blocks.data),
         blocks.rows,

@@ -155,8 +155,8 @@ class Engine:
     ``quantization="int8"`` holds the layers' linear weights in int8, one scale per output row
     (weight-only; CPUs): a quarter of float32's bytes for the decode step to read.
     ``quantization="gguf"`` (what ``"auto"``, the default, picks for a ``.gguf`` file) keeps a
-    GGUF model's Q4_0, Q4_1 and Q8_0 matrices as the file's blocks, memory-mapped, and
-    multiplies them in place (``runtime/models/block_linear.py``); nothing is converted or
+    GGUF model's Q4_0, Q4_1, Q8_0, Q4_K and Q6_K matrices as the file's blocks, memory-mapped,
+    and multiplies them in place (``runtime/models/block_linear.py``); nothing is converted or
     cached but the config and tokenizer.
 
     ``host_tier_memory`` (bytes or a size string; default none) gives the radix cache a second

@@ -1,6 +1,8 @@
-"""Linears on GGUF's 32-element blocks (Q4_0, Q4_1, Q8_0): the C++ kernel against a numpy
-reference of the same block format and the same activation quantization, on every code path the
-kernel has (this CPU's: VNNI where it has it; x86-64-v3: AVX2 without VNNI; x86-64: scalar)."""
+"""Linears on GGUF's blocks: the C++ kernels against a numpy reference of the same block format
+and the same activation quantization, on every code path the kernels have (this CPU's: VNNI
+where it has it; x86-64-v3: AVX2 without VNNI; x86-64: scalar). The 32-element formats (Q4_0,
+Q4_1, Q8_0) have a reference of their own; the k-quants (Q4_K, Q6_K) are checked against the
+gguf package's dequantization."""
 
 from __future__ import annotations
 
@@ -26,11 +28,15 @@ def kernel(request, tmp_path_factory, monkeypatch):
         pytest.skip("x86-64 targets")
     if march != "native":
         monkeypatch.setenv("RADIXLANG_NATIVE_MARCH", march)
-    block_linear._library.cache_clear()
-    if reason := native_build.skip_reason(block_linear._library):
-        pytest.skip(reason)
+    caches = (block_linear._library, block_linear._kquant_library, block_linear.available)
+    for cached in caches:
+        cached.cache_clear()
+    for library in (block_linear._library, block_linear._kquant_library):
+        if reason := native_build.skip_reason(library):
+            pytest.skip(reason)
     yield march
-    block_linear._library.cache_clear()
+    for cached in caches:
+        cached.cache_clear()
 
 
 # ---- the numpy reference --------------------------------------------------------------------
@@ -85,13 +91,17 @@ def reference_linear(x: np.ndarray, blocks: RawBlocks) -> tuple[np.ndarray, np.n
 
 def random_blocks(name: str, rows: int, cols: int, seed: int) -> RawBlocks:
     """Blocks of random bytes with finite random scales (and mins), as a file could hold them:
-    any 4-bit or 8-bit value, -128 included."""
+    any 4-bit, 6-bit or 8-bit value, -128 included, any 6-bit or int8 sub-block scale."""
     rng = np.random.default_rng(seed)
     fmt = FORMATS[name]
-    data = rng.integers(0, 256, size=(rows, cols // 32, fmt.block_bytes), dtype=np.uint8)
-    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.02).astype(np.float16)
-    head = 4 if name == "Q4_1" else 2
-    data[:, :, :head] = scales.view(np.uint8).reshape(rows, cols // 32, 4)[:, :, :head]
+    nb = cols // fmt.block_size
+    data = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, nb, 2)) * 0.02).astype(np.float16).view(np.uint8)
+    if name == "Q6_K":
+        data[:, :, 208:210] = scales[:, :, :2]  # d, at the end
+    else:  # d (and the min, or dmin) first
+        head = 4 if name in ("Q4_1", "Q4_K") else 2
+        data[:, :, :head] = scales.reshape(rows, nb, 4)[:, :, :head]
     return RawBlocks(fmt, rows, cols, data.reshape(rows, -1))
 
 
@@ -201,3 +211,52 @@ def test_quantizing_at_load_makes_the_gguf_packages_blocks_bit_for_bit(kernel, n
     want = quants.quantize(weight.numpy(), GGMLQuantizationType[name])
     assert got.format.name == name and (got.rows, got.cols) == (21, 160)
     assert np.array_equal(got.data, want)
+
+
+# ---- the k-quants ---------------------------------------------------------------------------
+
+
+def reference_kquant_linear(x: np.ndarray, blocks: RawBlocks) -> tuple[np.ndarray, np.ndarray]:
+    """x @ W.T with x quantized as the kernel quantizes it and W as the gguf package dequantizes
+    it, in float64; and the sum of the terms' magnitudes."""
+    qx, dx, _ = reference_quantize_rows(x)
+    m, k = x.shape
+    xq = (qx.astype(np.float64).reshape(m, k // 32, 32) * dx[:, :, None]).reshape(m, k)
+    qtype = GGMLQuantizationType[blocks.format.name]
+    w = quants.dequantize(blocks.data, qtype).reshape(blocks.rows, k).astype(np.float64)
+    return xq @ w.T, np.abs(xq) @ np.abs(w).T
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize(("rows", "cols"), [(4, 256), (13, 512), (37, 768)])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_the_kquant_kernel_matches_the_reference_on_random_blocks(kernel, name, rows, cols, batch):
+    blocks = random_blocks(name, rows, cols, seed=rows * 7 + batch)
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(rows + 3 * batch))
+    got = run(x, blocks).numpy().astype(np.float64)
+    want, magnitude = reference_kquant_linear(x.numpy(), blocks)
+    assert np.all(np.abs(got - want) <= 2e-5 * magnitude + 1e-30), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kquant_dequantize_matches_the_gguf_package_bit_for_bit(kernel, name, dtype):
+    blocks = random_blocks(name, 5, 512, seed=4)
+    want = quants.dequantize(blocks.data, GGMLQuantizationType[name]).reshape(5, 512)
+    got = block_linear.dequantize(blocks, dtype)
+    assert torch.equal(got, torch.from_numpy(want.astype(np.float32)).to(dtype))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_kquant_rows_do_not_depend_on_the_batch_or_the_threads(kernel, name):
+    blocks = random_blocks(name, 9, 512, seed=8)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([run(x[i : i + 1], blocks) for i in range(7)])
+        torch.set_num_threads(2)
+        together = run(x, blocks)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(alone, together)

@@ -112,6 +112,25 @@ def test_deterministic_mode_gives_a_prompt_the_same_tokens_alone_and_in_a_batch(
     assert alone == together
 
 
+def test_a_q4_k_m_file_is_served_from_its_k_quant_blocks(tmp_path):
+    """llama.cpp's Q4_K_M mix (Q4_K, and Q6_K for the output layer and some attn_v / ffn_down):
+    a fused q/k/v of two formats, an output layer in Q6_K; close to the model dequantized."""
+    from bench_module import load
+
+    path = load("bench_scale").write_model(tmp_path / "tiny-k.gguf", "tiny-k", "Q4_K_M", seed=2)
+    with (
+        Engine(str(path), dtype="float32", kv_memory="16MiB") as quantized,
+        Engine(str(path), dtype="float32", kv_memory="16MiB", quantization="none") as reference,
+    ):
+        model = quantized.runner.model
+        # Of two layers, the last gets the more bits: Q6_K for its attn_v and ffn_down.
+        assert model.layers[0].qkv.formats == ["Q4_K"] * 3
+        assert model.layers[1].qkv.formats == ["Q4_K", "Q4_K", "Q6_K"]
+        assert model.layers[1].down.formats == ["Q6_K"] and model.layers[1].o.formats == ["Q4_K"]
+        assert isinstance(model.lm_head, BlockLinear) and model.lm_head.formats == ["Q6_K"]
+        assert check_close_to_float(quantized, reference, PROMPTS) > 0
+
+
 def test_quantization_gguf_needs_a_gguf_model(tmp_path):
     from tiny_models import make_tiny_model
 

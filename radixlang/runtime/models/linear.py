@@ -94,8 +94,8 @@ class InvariantLinear:
 
 
 # auto: a .gguf file's blocks as stored (gguf), other models as "none". gguf: a GGUF model's
-# Q4_0, Q4_1 and Q8_0 matrices multiplied from the file's blocks (models/block_linear.py);
-# q8_0, q4_0: the layers' weights quantized at load into those blocks.
+# Q4_0, Q4_1, Q8_0, Q4_K and Q6_K matrices multiplied from the file's blocks
+# (models/block_linear.py); q8_0, q4_0: the layers' weights quantized at load into blocks.
 QUANTIZATIONS = ("auto", "none", "int8", "gguf", "q8_0", "q4_0")
 
 

@@ -232,10 +232,10 @@ class LlamaForCausalLM:
         device: str | torch.device = "cpu",
         deterministic: bool = False,
     ) -> LlamaForCausalLM:
-        """Load a GGUF file's weights as they are stored: Q4_0, Q4_1 and Q8_0 matrices stay
-        blocks of the memory-mapped file (``BlockLinear``), float ones take ``dtype``; other
-        quantized types are dequantized to ``dtype``. ``config``: the transformers config the
-        file's metadata gives."""
+        """Load a GGUF file's weights as they are stored: Q4_0, Q4_1, Q8_0, Q4_K and Q6_K
+        matrices stay blocks of the memory-mapped file (``BlockLinear``), float ones take
+        ``dtype``; other quantized types are dequantized to ``dtype``. ``config``: the
+        transformers config the file's metadata gives."""
         from radixlang.runtime.models.gguf_weights import GGUFWeights
 
         return cls._from_weights(config, GGUFWeights(path), dtype, device, "gguf", deterministic)
