@@ -150,7 +150,7 @@ class ModelRunner:
             )
         self.quantization = quantization
         cache_dtype = resolve_dtype(kv_dtype) if kv_dtype is not None else self.dtype
-        if cache_dtype != self.dtype and kernels.use_triton(self.model.embed):
+        if cache_dtype != self.dtype and kernels.use_triton(self.model.norm):
             raise ValueError(
                 f"a {cache_dtype} KV cache under {self.dtype} weights runs on the torch kernels "
                 f"only; the Triton kernels need the two to match"
@@ -165,7 +165,7 @@ class ModelRunner:
             self.kv = KVCache.from_budget(shape, budget, block_size, cache_dtype, self.device)
         # Graphs need the Triton kernels: the torch path's decode plan reads the batch's longest
         # sequence back to the host, which a capture forbids.
-        triton = self.device.type == "cuda" and kernels.use_triton(self.model.embed)
+        triton = self.device.type == "cuda" and kernels.use_triton(self.model.norm)
         if cuda_graphs and not triton:
             raise ValueError(
                 f"cuda_graphs=True needs the Triton kernels; RADIXLANG_KERNELS is "
@@ -430,7 +430,7 @@ class ModelRunner:
         table no wider than the graphs', the kernels still Triton), else eagerly."""
         n = host.num_seqs
         replay = self.cuda_graphs and n <= self.cuda_graph_max_batch
-        if replay and kernels.use_triton(self.model.embed):
+        if replay and kernels.use_triton(self.model.norm):
             graphs = self._graphs or self.capture_cuda_graphs()
             if graphs.fits(n, host.width):
                 batch, _ = host.to_device(self.device)

@@ -14,7 +14,7 @@ from radixlang.kernels import block_linear as block_kernel
 from radixlang.kernels import native_build
 from radixlang.kernels.block_formats import RawBlocks
 from radixlang.runtime.engine import Engine
-from radixlang.runtime.models.block_linear import BlockLinear
+from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
 
 PROMPTS = ["hello there", "the cat sat on", "1 2 3 4", "in a far land", "a b c", "where is"]
 NEW_TOKENS = 12
@@ -87,6 +87,13 @@ def test_a_gguf_file_is_served_from_its_blocks(tiny, cache):
         # The weights are the file's bytes: a non-permuted matrix is a view of the map.
         down = layer.down.parts[0][2]
         assert isinstance(down, RawBlocks) and not down.data.flags.owndata
+        # The Q8_0 token embedding stays blocks too; a lookup dequantizes its rows.
+        embed = engine.runner.model.embed
+        assert isinstance(embed, BlockEmbedding) and embed.blocks.format.name == "Q8_0"
+        ids = torch.tensor([[5, 0], [7, 5]])
+        rows = embed(ids)
+        assert rows.shape == (2, 2, embed.shape[1]) and torch.equal(rows[0, 0], rows[1, 1])
+        assert torch.equal(rows[1, 0], block_kernel.dequantize(embed.blocks)[7])
         assert len(greedy(engine, "hello").output_ids) == NEW_TOKENS
     # Nothing but the config and tokenizer was written to the model cache.
     written = {p.name for p in (cache / "models").rglob("*") if p.is_file()}

@@ -92,3 +92,19 @@ class BlockLinear:
             else:
                 out[:, start:end] = part(x)
         return out
+
+
+class BlockEmbedding:
+    """Token embeddings kept as GGUF blocks: a lookup dequantizes only the rows it needs (a
+    large vocabulary's table stays at its size in the file instead of the model's dtype)."""
+
+    def __init__(self, blocks: RawBlocks, dtype: torch.dtype) -> None:
+        self.blocks = blocks
+        self.dtype = dtype
+        self.device = torch.device("cpu")
+        self.shape = (blocks.rows, blocks.cols)
+        self.num_bytes = blocks.num_bytes
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.blocks.take_rows(ids.reshape(-1).cpu().numpy())
+        return block_linear.dequantize(rows, self.dtype).view(*ids.shape, self.blocks.cols)

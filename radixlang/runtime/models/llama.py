@@ -21,7 +21,7 @@ from radixlang.kernels import block_linear as block_kernel
 from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
-from radixlang.runtime.models.block_linear import BlockLinear
+from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
 from radixlang.runtime.models.linear import Int8Linear, InvariantLinear, Linear, make_linear
 from radixlang.runtime.models.rope import RopeTable, apply_rotary, cos_sin, inverse_frequencies
 
@@ -179,7 +179,7 @@ class LlamaForCausalLM:
     def __init__(
         self,
         arch: LlamaArch,
-        embed: torch.Tensor,
+        embed: torch.Tensor | BlockEmbedding,
         layers: list[LayerWeights],
         norm: torch.Tensor,
         lm_head: AnyLinear,
@@ -300,13 +300,23 @@ class LlamaForCausalLM:
                     down=linear([p + "mlp.down_proj.weight"]),
                 )
             )
-        embed = load("model.embed_tokens.weight")
+        embed_blocks = (
+            _kernel_blocks(weights, ["model.embed_tokens.weight"], device)
+            if quantization == "gguf"
+            else None
+        )
+        embed: torch.Tensor | BlockEmbedding = (
+            BlockEmbedding(embed_blocks[0], dtype)
+            if embed_blocks is not None
+            else load("model.embed_tokens.weight")
+        )
         tied = arch.tie_word_embeddings or not weights.has("lm_head.weight")
         head = "model.embed_tokens.weight" if tied else "lm_head.weight"
         head_blocks = _kernel_blocks(weights, [head], device) if quantization == "gguf" else None
         if head_blocks is not None:
             lm_head: AnyLinear = BlockLinear(head_blocks, None, dtype, deterministic)  # type: ignore[arg-type]
         else:
+            assert isinstance(embed, torch.Tensor)  # blocks the kernel takes made a BlockLinear
             lm_head = make_linear(embed if tied else load(head), deterministic=deterministic)
         return cls(arch, embed, layers, load("model.norm.weight"), lm_head, deterministic)
 
@@ -317,7 +327,10 @@ class LlamaForCausalLM:
         for layer in self.layers:
             parts += [t for t in vars(layer).values() if t is not None]
         return sum(
-            p.num_bytes if isinstance(p, AnyLinear) else p.numel() * p.element_size() for p in parts
+            p.num_bytes
+            if isinstance(p, AnyLinear | BlockEmbedding)
+            else p.numel() * p.element_size()
+            for p in parts
         )
 
     @torch.inference_mode()
@@ -337,7 +350,10 @@ class LlamaForCausalLM:
 
         # Once per forward and window: every layer of that window shares them.
         plans: dict[int | None, _AttentionPlans] = {}
-        residual = F.embedding(batch.input_ids, self.embed)
+        if isinstance(self.embed, torch.Tensor):
+            residual = F.embedding(batch.input_ids, self.embed)
+        else:
+            residual = self.embed(batch.input_ids)
         for i, layer in enumerate(self.layers):
             normed = _rms_norm(residual, layer.input_norm, eps)
             qkv = layer.qkv(normed)
