@@ -401,6 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--no-llama-server", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--name", default="bench_scale", help="the results' file stem")
     parser.add_argument("--worker", choices=["radixlang", "llama-server"], help=argparse.SUPPRESS)
     parser.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -472,8 +473,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"(floor {case['floor_ms']:.1f} ms)", file=sys.stderr)  # fmt: skip
             result["cases"].append(case)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_scale.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / "bench_scale.png")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / f"{args.name}.png")
     return result
 
 

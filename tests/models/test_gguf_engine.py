@@ -138,6 +138,20 @@ def test_a_q4_k_m_file_is_served_from_its_k_quant_blocks(tmp_path):
         assert check_close_to_float(quantized, reference, PROMPTS) > 0
 
 
+def test_a_quantized_embedding_beside_a_float_output_layer(tmp_path):
+    """Untied: the token embedding stays Q8_0 blocks, the F16 output layer a float linear."""
+    from radixlang.model_files import gguf_config
+    from radixlang.runtime.models.llama import LlamaForCausalLM
+
+    types = {"output.weight": "F16", "blk.*": "Q4_0"}
+    path = write_tiny_gguf(tmp_path / "untied.gguf", types=types, embed_type="Q8_0",
+                           tie_embeddings=False).path  # fmt: skip
+    model = LlamaForCausalLM.from_gguf(path, gguf_config(path))
+    assert isinstance(model.embed, BlockEmbedding)
+    assert not isinstance(model.lm_head, BlockLinear)
+    assert model.layers[0].gate_up.formats == ["Q4_0", "Q4_0"]
+
+
 def test_quantization_gguf_needs_a_gguf_model(tmp_path):
     from tiny_models import make_tiny_model
 

@@ -316,8 +316,8 @@ class LlamaForCausalLM:
         if head_blocks is not None:
             lm_head: AnyLinear = BlockLinear(head_blocks, None, dtype, deterministic)  # type: ignore[arg-type]
         else:
-            assert isinstance(embed, torch.Tensor)  # blocks the kernel takes made a BlockLinear
-            lm_head = make_linear(embed if tied else load(head), deterministic=deterministic)
+            shared = tied and isinstance(embed, torch.Tensor)
+            lm_head = make_linear(embed if shared else load(head), deterministic=deterministic)  # type: ignore[arg-type]
         return cls(arch, embed, layers, load("model.norm.weight"), lm_head, deterministic)
 
     @property
