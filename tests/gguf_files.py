@@ -73,7 +73,8 @@ def write_tiny_gguf(
 ) -> TinyGGUF:
     """Write a random ``arch`` model as a GGUF file at ``path``.
 
-    ``types``: the GGML type of the layers' 2-D weights ("F32", "F16", "Q8_0", "Q4_0", "Q4_1"),
+    ``types``: the GGML type of the layers' 2-D weights ("F32", "F16", "Q8_0", "Q4_0", "Q4_1";
+    "Q4_K", "Q6_K" as random blocks: see ``RANDOM_BLOCK_TYPES``),
     or ``{pattern: type}`` over GGUF tensor names (fnmatch, first match wins; 2-D tensors no
     pattern matches are F32). ``embed_type``: token_embd/output, where no pattern names them.
     ``vocab``: the tokenizer's size by default; a larger one pads the "bytes" tokenizer with
@@ -143,7 +144,11 @@ def write_tiny_gguf(
             data = _permute(data, kv_heads)
         qtype = _type_of(name, data.ndim, patterns)
         written[name] = qtype.name
-        stored = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
+        if qtype.name in RANDOM_BLOCK_TYPES:  # the gguf package cannot quantize to these
+            rng = np.random.default_rng([seed, len(written)])
+            stored = _random_blocks(rng, data.shape[0], data.shape[1], qtype.name)
+        else:
+            stored = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
         writer.add_tensor(name, stored, raw_dtype=qtype if stored.dtype == np.uint8 else None)
     for name, data in (extra_tensors or {}).items():
         writer.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
@@ -154,6 +159,17 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return TinyGGUF(path, config, state_dict, written)
+
+
+# Types written as random blocks (bench_scale's: about N(0, 0.02), centred), not quantized from
+# the model's weights; ``TinyGGUF.state_dict`` does not hold those tensors' values.
+RANDOM_BLOCK_TYPES = ("Q4_K", "Q6_K")
+
+
+def _random_blocks(rng: np.random.Generator, rows: int, cols: int, kind: str) -> np.ndarray:
+    from bench_module import load
+
+    return load("bench_scale").random_tensor(rng, rows, cols, kind)
 
 
 def _random_weights(config: Any, seed: int) -> dict[str, torch.Tensor]:

@@ -122,9 +122,12 @@ def test_deterministic_mode_gives_a_prompt_the_same_tokens_alone_and_in_a_batch(
 def test_a_q4_k_m_file_is_served_from_its_k_quant_blocks(tmp_path):
     """llama.cpp's Q4_K_M mix (Q4_K, and Q6_K for the output layer and some attn_v / ffn_down):
     a fused q/k/v of two formats, an output layer in Q6_K; close to the model dequantized."""
-    from bench_module import load
-
-    path = load("bench_scale").write_model(tmp_path / "tiny-k.gguf", "tiny-k", "Q4_K_M", seed=2)
+    # Two layers of 256 wide (the k-quants' super-blocks), typed as llama.cpp's Q4_K_M mix types
+    # them (bench_scale.tensor_type): of two layers, the last gets the more bits.
+    types = {"output.weight": "Q6_K", "blk.1.attn_v.*": "Q6_K", "blk.1.ffn_down.*": "Q6_K",
+             "blk.*": "Q4_K", "token_embd.weight": "Q4_K"}  # fmt: skip
+    path = write_tiny_gguf(tmp_path / "tiny-k.gguf", types=types, hidden=256, intermediate=512,
+                           tie_embeddings=False, seed=2).path  # fmt: skip
     with (
         Engine(str(path), dtype="float32", kv_memory="16MiB") as quantized,
         Engine(str(path), dtype="float32", kv_memory="16MiB", quantization="none") as reference,
