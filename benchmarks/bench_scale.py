@@ -296,8 +296,8 @@ def measure_llama_server(binary: Path, path: Path, batches: list[int], prefills:
                            "decode_ms": {}, "command": server.command}  # fmt: skip
     rng = np.random.default_rng(0)
 
-    def complete(ids: list[int], n: int) -> dict[str, Any]:
-        body = {"prompt": ids, "n_predict": n, "ignore_eos": True, "cache_prompt": False,
+    def complete(ids: list[int], n: int, cached: bool = False) -> dict[str, Any]:
+        body = {"prompt": ids, "n_predict": n, "ignore_eos": True, "cache_prompt": cached,
                 "temperature": 0.0}  # fmt: skip
         with httpx.Client(timeout=3600, trust_env=False) as client:
             answer = client.post(f"{server.url}/completion", json=body)
@@ -310,8 +310,12 @@ def measure_llama_server(binary: Path, path: Path, batches: list[int], prefills:
             out["prefill_tokens_per_s"][str(tokens)] = complete(ids, 1)["prompt_per_second"]
         for batch in batches:
             prompts = [rng.integers(1000, 40000, CONTEXT).tolist() for _ in range(batch)]
+            # The contexts first (each slot keeps its prompt), then the decode alone: sent
+            # together, the rows' prefills would run between the others' decode steps and
+            # count in their per-token times.
             with ThreadPoolExecutor(batch) as pool:
-                timings = list(pool.map(lambda ids: complete(ids, steps), prompts))
+                list(pool.map(lambda ids: complete(ids, 1, cached=True), prompts))
+                timings = list(pool.map(lambda ids: complete(ids, steps, cached=True), prompts))
             out["decode_ms"][str(batch)] = statistics.median(
                 t["predicted_per_token_ms"] for t in timings
             )
