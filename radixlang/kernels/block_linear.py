@@ -22,8 +22,8 @@ import torch
 from radixlang.kernels import native_build
 from radixlang.kernels.block_formats import FORMATS, RawBlocks
 
-# At this many rows of x or more, dequantize-and-GEMM beats the integer dots (measured on the
-# 1.7B shape; see benchmarks/bench_scale.py).
+# At this many rows of x or more, dequantize-and-GEMM takes over from the integer dots, whose
+# cost grows with every row (a first choice: the crossover is still to be measured).
 GEMM_MIN_ROWS = 16
 
 
