@@ -56,7 +56,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec(
         "set",
         "/set [KEY VALUE]",
-        "show or change temperature, max_tokens, top_p, top_k, seed, system",
+        "show or change temperature, max_tokens, top_p, top_k, seed, system, ignore_eos",
         0,
         None,
     ),

@@ -19,6 +19,7 @@ class Settings:
     top_k: int = -1  # -1: off
     seed: int | None = None  # None: a fresh draw every request
     system: str | None = None  # None: the chat template's own default, if any
+    ignore_eos: bool = False  # go on past the end-of-sequence token, to max_tokens
 
     def sampling(self) -> dict[str, Any]:
         """Sampling parameters in the engine's names: a chat turn's, and ``/run``'s defaults
@@ -31,6 +32,8 @@ class Settings:
         }
         if self.seed is not None:
             out["seed"] = self.seed
+        if self.ignore_eos:
+            out["ignore_eos"] = True
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +103,14 @@ def _seed(key: str, raw: str) -> int | None:
     return value
 
 
+def _boolean(key: str, raw: str) -> bool:
+    words = {"on": True, "true": True, "yes": True, "1": True,
+             "off": False, "false": False, "no": False, "0": False}  # fmt: skip
+    if raw.lower() not in words:
+        raise SettingError(f"{key} is on or off, got {raw!r}")
+    return words[raw.lower()]
+
+
 def _system(key: str, raw: str) -> str | None:
     return None if raw.lower() in ("", "none", "default") else raw
 
@@ -111,5 +122,6 @@ _PARSERS = {
     "top_k": _top_k,
     "seed": _seed,
     "system": _system,
+    "ignore_eos": _boolean,
 }
 SETTING_NAMES = tuple(_PARSERS)

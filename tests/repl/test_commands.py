@@ -80,6 +80,9 @@ def test_settings_check_each_value():
     assert settings.set("system", "You are terse.") == "You are terse."
     assert settings.sampling() == {"temperature": 0.0, "max_new_tokens": 64, "top_p": 1.0,
                                    "top_k": -1}  # fmt: skip
+    assert settings.set("ignore_eos", "on") is True
+    assert settings.sampling()["ignore_eos"] is True
+    assert settings.set("ignore_eos", "off") is False and "ignore_eos" not in settings.sampling()
     for key, raw, message in [
         ("temperature", "-1", "temperature must be >= 0"),
         ("temperature", "hot", "temperature must be a number, got 'hot'"),
@@ -88,6 +91,7 @@ def test_settings_check_each_value():
         ("top_p", "1.5", r"top_p must be in \(0, 1\]"),
         ("top_k", "2.5", "top_k must be an integer"),
         ("seed", "-3", "seed must be >= 0"),
+        ("ignore_eos", "maybe", "ignore_eos is on or off, got 'maybe'"),
         ("colour", "red", "unknown setting 'colour': one of temperature, max_tokens"),
     ]:
         with pytest.raises(SettingError, match=message):

@@ -68,8 +68,10 @@ def test_chat_fork_pick_back_tree_stats_and_ctrl_c(repl, tmp_path):
     assert re.search(r"requests\s+0 running, 0 waiting", stats)
     assert re.search(r"integrity\s+ok", stats)
 
-    # Ctrl-C during a long reply stops it and keeps the session; nothing stays held.
+    # Ctrl-C during a long reply stops it and keeps the session; nothing stays held. The reply
+    # cannot end by itself first (ignore_eos: 6,000 tokens), however short its text would be.
     repl.command("/set max_tokens 6000", "max_tokens = 6000")
+    repl.command("/set ignore_eos on", "ignore_eos = True")
     repl.command("/set temperature 0", "temperature = 0.0")
     start = repl.mark()
     repl.type("Tell me a very long story.")
