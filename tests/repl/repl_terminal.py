@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +30,13 @@ USAGE = re.compile(
 
 def clean(text: str) -> str:
     return CONTROL.sub("", text)
+
+
+def _interruptible() -> None:
+    """In the child: Ctrl-C raises SIGINT there, as under a person's shell. A process that
+    starts with SIGINT ignored (inherited from a test process some earlier test left ignoring
+    it, or a background job) never gets KeyboardInterrupt, and Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class ReplTerminal:
@@ -49,6 +57,7 @@ class ReplTerminal:
             codec_errors="replace",
             dimensions=(50, 160),
             timeout=timeout,
+            preexec_fn=_interruptible,
         )
         self.child.logfile_read = self.log
         self.child.expect_exact(PROMPT)
