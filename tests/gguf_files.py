@@ -29,7 +29,7 @@ import torch
 _RUNTIME_TESTS = str(Path(__file__).parent / "runtime")  # where tiny_models lives
 if _RUNTIME_TESTS not in sys.path:
     sys.path.append(_RUNTIME_TESTS)
-from tiny_models import tiny_config  # noqa: E402
+from tiny_models import random_model, tiny_config  # noqa: E402
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2, as in SmolLM2
@@ -173,17 +173,8 @@ def _random_blocks(rng: np.random.Generator, rows: int, cols: int, kind: str) ->
 
 
 def _random_weights(config: Any, seed: int) -> dict[str, torch.Tensor]:
-    """Every parameter random, norms around 1 (as tiny_models.make_tiny_model draws them)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.copy_(0.15 * torch.randn_like(param))
+    """Every parameter random, norms around 1 (tiny_models.random_model, as make_tiny_model)."""
+    model = random_model(config, seed)
     return {name: t.detach().clone() for name, t in model.state_dict().items()}
 
 

@@ -62,18 +62,23 @@ def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path
     """Write a random ``kind`` model (config.json + model.safetensors) into ``folder``.
 
     ``overrides`` replace config fields (e.g. ``max_position_embeddings``)."""
+    random_model(tiny_config(kind, **overrides), seed).save_pretrained(folder)
+    return folder
+
+
+def random_model(config, seed: int = 0):
+    """A float32 transformers model of ``config``, every parameter random, norms around 1."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
-    model.save_pretrained(folder)
-    return folder
+    return model
 
 
 def load_reference(folder: Path, attn: str = "eager"):
