@@ -13,6 +13,7 @@ offset into the data section, which starts at the next multiple of ``general.ali
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,8 @@ class GGUFFile:
                 entries.append((name, dims, ggml_type, offset))
             alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
             start = -(-self._where() // alignment) * alignment
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         self.tensors: dict[str, TensorEntry] = {}
         for name, dims, ggml_type, offset in entries:
             sizes = GGML_QUANT_SIZES.get(_known_type(ggml_type))  # (block elements, bytes)
@@ -131,6 +133,15 @@ class GGUFFile:
     def data(self, entry: TensorEntry) -> np.ndarray:
         """The tensor's bytes: a read-only uint8 view of the memory map."""
         return self._map[entry.offset : entry.offset + entry.num_bytes]
+
+    def drop_pages(self, entry: TensorEntry) -> None:
+        """Unmap the tensor's pages from this process once its bytes were copied (repacked), so
+        they stop counting as its resident memory; a later read maps them again from the page
+        cache, so this is always safe."""
+        if not hasattr(mmap, "MADV_DONTNEED") or entry.num_bytes == 0:
+            return
+        start = entry.offset - entry.offset % mmap.PAGESIZE
+        self._mmap.madvise(mmap.MADV_DONTNEED, start, entry.offset + entry.num_bytes - start)
 
     # ---- parsing ---------------------------------------------------------------------------
     def _where(self) -> int:

@@ -1,26 +1,26 @@
-"""Linears on GGUF's quantized blocks in place: the 32-element ones (Q4_0, Q4_1, Q8_0:
-``native/block32_linear.cpp``) and the k-quants' 256-element super-blocks (Q4_K, Q6_K:
-``native/kquant_linear.cpp``).
+"""Linears on GGUF's quantized blocks: the file's own layout read in place (the 32-element
+formats Q4_0, Q4_1, Q8_0: ``native/block32_linear.cpp``; the k-quants' 256-element super-blocks
+Q4_K, Q6_K: ``native/kquant_linear.cpp``), or repacked once at load with eight rows interleaved
+per block (``PackedBlocks``: Q4_0, Q8_0, Q4_K; ``native/packed_linear.cpp``), where one integer
+dot instruction serves eight rows and the float work per (row, block) pair falls eightfold.
 
-The weights stay the bytes they came as (``RawBlocks``; a memory map's pages when loaded from a
-file), so a model takes its file's size in memory, not four to eight times that. Small batches
-(decode) multiply straight from the blocks, with the activations quantized per 32-element block
-to int8; large ones (prefill) dequantize the weight to the activations' dtype and multiply in
-torch, whose GEMMs are faster there than integer dots one pair at a time. The block kernel's rows
-do not depend on the batch, so deterministic mode uses it at every size.
+Either way a model takes its file's size in memory, not four to eight times that, and the
+activations are quantized per 32-element block to int8. Each kernel's rows do not depend on the
+batch, so deterministic mode uses it at every size.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from radixlang.kernels import native_build
-from radixlang.kernels.block_formats import FORMATS, RawBlocks
+from radixlang.kernels.block_formats import FORMATS, BlockFormat, RawBlocks
 
 # At this many rows of x or more, dequantize-and-GEMM takes over from the integer dots, whose
 # cost grows with every row (a first choice: the crossover is still to be measured).
@@ -31,46 +31,117 @@ class BlockKernelError(RuntimeError):
     """The native block kernel is not usable here, or was handed something it does not take."""
 
 
+def _bind(name: str, prefix: str, signatures: dict[str, tuple[list[Any], Any]]) -> ctypes.CDLL:
+    lib = native_build.load(name)
+    for fn, (argtypes, restype) in signatures.items():
+        getattr(lib, f"{prefix}_{fn}").argtypes = argtypes
+        getattr(lib, f"{prefix}_{fn}").restype = restype
+    return lib
+
+
+_P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+# The raw-layout kernels' shared doors: bytes of a block, y = x @ W.T, W as floats.
+_RAW_DOORS: dict[str, tuple[list[Any], Any]] = {
+    "bytes": ([_I], _I),
+    "linear": ([_I, _P, _I64, _I64, _I64, _P, _I64, _P, _I64, _I], _I),
+    "dequantize": ([_I, _P, _I64, _I64, _I64, _P, _I, _I], _I),
+}
+
+
 @functools.cache
 def _library() -> ctypes.CDLL:
-    lib = native_build.load("block32_linear")
-    p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.radixlang_block32_bytes.argtypes = [i]
-    lib.radixlang_block32_bytes.restype = i
-    lib.radixlang_block32_linear.argtypes = [i, p, i64, i64, i64, p, i64, p, i64, i]
-    lib.radixlang_block32_linear.restype = i
-    lib.radixlang_block32_quantize_rows.argtypes = [p, i64, i64, p, p, p]
-    lib.radixlang_block32_quantize_rows.restype = None
-    lib.radixlang_block32_dequantize.argtypes = [i, p, i64, i64, i64, p, i, i]
-    lib.radixlang_block32_dequantize.restype = i
-    lib.radixlang_block32_quantize.argtypes = [i, p, i64, i64, p, i]
-    lib.radixlang_block32_quantize.restype = i
-    return lib
+    return _bind(
+        "block32_linear",
+        "radixlang_block32",
+        {
+            **_RAW_DOORS,
+            "quantize_rows": ([_P, _I64, _I64, _P, _P, _P], None),
+            "quantize": ([_I, _P, _I64, _I64, _P, _I], _I),
+        },
+    )
 
 
 @functools.cache
 def _kquant_library() -> ctypes.CDLL:
-    lib = native_build.load("kquant_linear")
-    p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.radixlang_kquant_bytes.argtypes = [i]
-    lib.radixlang_kquant_bytes.restype = i
-    lib.radixlang_kquant_linear.argtypes = [i, p, i64, i64, i64, p, i64, p, i64, i]
-    lib.radixlang_kquant_linear.restype = i
-    lib.radixlang_kquant_dequantize.argtypes = [i, p, i64, i64, i64, p, i, i]
-    lib.radixlang_kquant_dequantize.restype = i
-    return lib
+    return _bind("kquant_linear", "radixlang_kquant", _RAW_DOORS)
+
+
+@functools.cache
+def _packed_library() -> ctypes.CDLL:
+    return _bind(
+        "packed_linear",
+        "radixlang_packed",
+        {
+            "group_bytes": ([_I, _I64], _I64),
+            "pack": ([_I, _P, _I64, _I64, _I64, _P, _I], _I),
+            "linear": ([_I, _P, _I64, _I64, _P, _I64, _P, _I64, _I], _I),
+            "dequantize": ([_I, _P, _I64, _I64, _P, _I, _I], _I),
+        },
+    )
 
 
 @functools.cache
 def available() -> bool:
     """Whether the block kernels build and load here (``RADIXLANG_NATIVE=0`` turns them off)."""
-    return native_build.usable(_library, "native block linear") and native_build.usable(
-        _kquant_library, "native k-quant linear"
+    return (
+        native_build.usable(_library, "native block linear")
+        and native_build.usable(_kquant_library, "native k-quant linear")
+        and native_build.usable(_packed_library, "native packed block linear")
     )
 
 
+# Rows interleaved per packed group.
+GROUP_ROWS = 8
+
+
+@dataclass(frozen=True)
+class PackedBlocks:
+    """A quantized matrix ``[rows, cols]`` repacked for ``native/packed_linear.cpp``: ``data`` is
+    ``uint8 [ceil(rows / 8), group_bytes]``, eight rows interleaved block by block (the last
+    group padded with zero rows). Made by ``pack``."""
+
+    format: BlockFormat
+    rows: int
+    cols: int
+    data: np.ndarray
+
+    @property
+    def num_bytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def packs(blocks: RawBlocks) -> bool:
+    """Whether ``pack`` repacks ``blocks``' format (the others stay in the file's layout)."""
+    lib = _packed_library()
+    return lib.radixlang_packed_group_bytes(blocks.format.ggml_type, blocks.cols) > 0
+
+
+def pack(blocks: RawBlocks) -> PackedBlocks:
+    """``blocks`` repacked with eight rows interleaved per block (a copy of the same size; the
+    source, often a memory map, is only read)."""
+    lib = _packed_library()
+    group_bytes = lib.radixlang_packed_group_bytes(blocks.format.ggml_type, blocks.cols)
+    if group_bytes <= 0:
+        raise BlockKernelError(f"{blocks.format.name} blocks are not packed")
+    groups = -(-blocks.rows // GROUP_ROWS)
+    out = np.empty((groups, group_bytes), dtype=np.uint8)
+    lib.radixlang_packed_pack(
+        blocks.format.ggml_type,
+        _pointer(blocks.data),
+        blocks.rows,
+        blocks.cols,
+        blocks.data.strides[0],
+        out.ctypes.data,
+        torch.get_num_threads(),
+    )
+    return PackedBlocks(blocks.format, blocks.rows, blocks.cols, out)
+
+
+AnyBlocks = RawBlocks | PackedBlocks
+
+
 def _door(blocks: RawBlocks) -> tuple[Any, str]:
-    """The library multiplying ``blocks``' format, and its functions' prefix."""
+    """The library multiplying ``blocks``' format in the file's layout, and its prefix."""
     if blocks.format.block_size == 256:
         return _kquant_library(), "radixlang_kquant"
     return _library(), "radixlang_block32"
@@ -89,7 +160,7 @@ def _pointer(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
-def linear_into(x: torch.Tensor, blocks: RawBlocks, out: torch.Tensor) -> None:
+def linear_into(x: torch.Tensor, blocks: AnyBlocks, out: torch.Tensor) -> None:
     """``out[:, :] = x @ W.T`` for ``x`` float32 ``[m, k]`` (contiguous) and ``out`` a float32
     ``[m, n]`` view whose rows may be strided (a slice of a wider output's columns)."""
     m, k = x.shape
@@ -98,39 +169,45 @@ def linear_into(x: torch.Tensor, blocks: RawBlocks, out: torch.Tensor) -> None:
             f"x {list(x.shape)} and out {list(out.shape)} do not fit a "
             f"[{blocks.rows}, {blocks.cols}] weight"
         )
-    lib, prefix = _door(blocks)
-    status = getattr(lib, f"{prefix}_linear")(
-        blocks.format.ggml_type,
-        _pointer(blocks.data),
-        blocks.rows,
-        k,
-        blocks.data.strides[0],
-        x.data_ptr(),
-        m,
-        out.data_ptr(),
-        out.stride(0),
-        torch.get_num_threads(),
-    )
+    common = (x.data_ptr(), m, out.data_ptr(), out.stride(0), torch.get_num_threads())
+    if isinstance(blocks, PackedBlocks):
+        status = _packed_library().radixlang_packed_linear(
+            blocks.format.ggml_type, _pointer(blocks.data), blocks.rows, k, *common
+        )
+    else:
+        lib, prefix = _door(blocks)
+        status = getattr(lib, f"{prefix}_linear")(
+            blocks.format.ggml_type,
+            _pointer(blocks.data),
+            blocks.rows,
+            k,
+            blocks.data.strides[0],
+            *common,
+        )
     if status != 0:
         raise BlockKernelError(f"the block kernel does not take {blocks.format.name}")
 
 
-def dequantize(blocks: RawBlocks, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize(blocks: AnyBlocks, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight as a ``[rows, cols]`` tensor of ``dtype`` (float32 or bfloat16 natively;
     other dtypes through float32)."""
     native = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
     out = torch.empty(blocks.rows, blocks.cols, dtype=native)
-    lib, prefix = _door(blocks)
-    status = getattr(lib, f"{prefix}_dequantize")(
-        blocks.format.ggml_type,
-        _pointer(blocks.data),
-        blocks.rows,
-        blocks.cols,
-        blocks.data.strides[0],
-        out.data_ptr(),
-        1 if native == torch.bfloat16 else 0,
-        torch.get_num_threads(),
-    )
+    tail = (out.data_ptr(), 1 if native == torch.bfloat16 else 0, torch.get_num_threads())
+    if isinstance(blocks, PackedBlocks):
+        status = _packed_library().radixlang_packed_dequantize(
+            blocks.format.ggml_type, _pointer(blocks.data), blocks.rows, blocks.cols, *tail
+        )
+    else:
+        lib, prefix = _door(blocks)
+        status = getattr(lib, f"{prefix}_dequantize")(
+            blocks.format.ggml_type,
+            _pointer(blocks.data),
+            blocks.rows,
+            blocks.cols,
+            blocks.data.strides[0],
+            *tail,
+        )
     if status != 0:
         raise BlockKernelError(f"the block kernel does not take {blocks.format.name}")
     return out if native == dtype else out.to(dtype)

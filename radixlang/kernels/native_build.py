@@ -39,12 +39,13 @@ FLAGS = (
 LINK_FLAGS = ("-shared", "-fopenmp")
 # Per source, after FLAGS: sums that must keep the order written.
 _ORDERED = ("-fno-associative-math", "-fno-reciprocal-math")
-# block32_linear, kquant_linear: their quantizers and dequantizers match numpy references bit
-# for bit (no fused multiply-adds where the reference rounds twice).
+# The block kernels: their quantizers and dequantizers match numpy references bit for bit (no
+# fused multiply-adds where the reference rounds twice).
 SOURCE_FLAGS = {
     "invariant_linear": _ORDERED,
     "block32_linear": (*_ORDERED, "-ffp-contract=off"),
     "kquant_linear": (*_ORDERED, "-ffp-contract=off"),
+    "packed_linear": (*_ORDERED, "-ffp-contract=off"),
 }
 
 

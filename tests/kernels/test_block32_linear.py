@@ -2,7 +2,8 @@
 and the same activation quantization, on every code path the kernels have (this CPU's: VNNI
 where it has it; x86-64-v3: AVX2 without VNNI; x86-64: scalar). The 32-element formats (Q4_0,
 Q4_1, Q8_0) have a reference of their own; the k-quants (Q4_K, Q6_K) are checked against the
-gguf package's dequantization."""
+gguf package's dequantization. Each is checked in the file's layout and, where the packed kernel
+takes the format, repacked (eight rows interleaved)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,19 @@ def kernel(request, tmp_path_factory, monkeypatch):
         pytest.skip("x86-64 targets")
     if march != "native":
         monkeypatch.setenv("RADIXLANG_NATIVE_MARCH", march)
-    caches = (block_linear._library, block_linear._kquant_library, block_linear.available)
-    for cached in caches:
-        cached.cache_clear()
-    for library in (block_linear._library, block_linear._kquant_library):
+    clear_libraries()
+    for library in LIBRARIES:
         if reason := native_build.skip_reason(library):
             pytest.skip(reason)
     yield march
-    for cached in caches:
+    clear_libraries()
+
+
+LIBRARIES = (block_linear._library, block_linear._kquant_library, block_linear._packed_library)
+
+
+def clear_libraries() -> None:
+    for cached in (*LIBRARIES, block_linear.available):
         cached.cache_clear()
 
 
@@ -156,25 +162,6 @@ def test_a_strided_output_gets_only_its_columns(kernel, name):
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-def test_rows_do_not_depend_on_the_batch_or_the_threads(kernel, name):
-    """Batch invariance: a row's result is the same bits alone, in any batch, at any thread
-    count (deterministic mode relies on it)."""
-    blocks = random_blocks(name, 37, 160, seed=9)
-    x = torch.randn(11, 160, generator=torch.Generator().manual_seed(9))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = torch.cat([run(x[i : i + 1], blocks) for i in range(11)])
-        torch.set_num_threads(2)
-        together = run(x, blocks)
-        pairs = torch.cat([run(x[i : i + 2], blocks) for i in range(0, 10, 2)])
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(alone, together)
-    assert torch.equal(alone[:10], pairs)
-
-
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dequantize_matches_the_gguf_package(kernel, name, dtype):
     blocks = random_blocks(name, 9, 128, seed=2)
@@ -247,16 +234,83 @@ def test_kquant_dequantize_matches_the_gguf_package_bit_for_bit(kernel, name, dt
     assert torch.equal(got, torch.from_numpy(want.astype(np.float32)).to(dtype))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-def test_kquant_rows_do_not_depend_on_the_batch_or_the_threads(kernel, name):
-    blocks = random_blocks(name, 9, 512, seed=8)
-    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(8))
+# ---- every format, in either layout ---------------------------------------------------------
+
+PACKED = ["Q4_0", "Q8_0", "Q4_K"]
+LAYOUTS = [(name, "file") for name in FORMATS] + [(name, "packed") for name in PACKED]
+
+
+def in_layout(blocks: RawBlocks, layout: str) -> block_linear.AnyBlocks:
+    return block_linear.pack(blocks) if layout == "packed" else blocks
+
+
+@pytest.mark.parametrize(("name", "layout"), LAYOUTS)
+def test_rows_do_not_depend_on_the_batch_or_the_threads(kernel, name, layout):
+    """Batch invariance: a row's result is the same bits alone, in any batch, at any thread
+    count (deterministic mode relies on it). 2,304 columns: K takes two passes (of 64 blocks)."""
+    blocks = in_layout(random_blocks(name, 13, 2304, seed=9), layout)
+    x = torch.randn(11, 2304, generator=torch.Generator().manual_seed(9))
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = torch.cat([run(x[i : i + 1], blocks) for i in range(7)])
+        alone = torch.cat([run(x[i : i + 1], blocks) for i in range(11)])
         torch.set_num_threads(2)
         together = run(x, blocks)
+        pairs = torch.cat([run(x[i : i + 2], blocks) for i in range(0, 10, 2)])
+        fives = torch.cat([run(x[i : i + 5], blocks) for i in range(0, 10, 5)])
     finally:
         torch.set_num_threads(before)
     assert torch.equal(alone, together)
+    assert torch.equal(alone[:10], pairs) and torch.equal(alone[:10], fives)
+
+
+@pytest.mark.parametrize("name", PACKED)
+@pytest.mark.parametrize(("rows", "cols"), [(5, 256), (13, 2304), (64, 512)])
+@pytest.mark.parametrize("batch", [1, 4, 9])
+def test_the_packed_kernel_matches_the_reference(kernel, name, rows, cols, batch):
+    """Rows not a multiple of the group of eight (zero padding rows never written), batches
+    across the kernel's tiles of x rows, K across passes."""
+    blocks = random_blocks(name, rows, cols, seed=rows * 5 + batch)
+    packed = block_linear.pack(blocks)
+    assert isinstance(packed, block_linear.PackedBlocks)
+    # The file's bytes per block and row (Q4_K: 148, its sub-block scales unpacked to bytes).
+    per_block = {"Q4_0": 18, "Q8_0": 34, "Q4_K": 148}[name]
+    assert packed.num_bytes == -(-rows // 8) * 8 * cols // blocks.format.block_size * per_block
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(rows + batch))
+    got = run(x, packed).numpy().astype(np.float64)
+    reference = reference_kquant_linear if name == "Q4_K" else reference_linear
+    want, magnitude = reference(x.numpy(), blocks)
+    assert np.all(np.abs(got - want) <= 2e-5 * magnitude + 1e-30), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("name", PACKED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packing_keeps_every_value(kernel, name, dtype):
+    blocks = random_blocks(name, 13, 512, seed=12)
+    packed = block_linear.pack(blocks)
+    assert torch.equal(
+        block_linear.dequantize(packed, dtype), block_linear.dequantize(blocks, dtype)
+    )
+
+
+def test_the_packed_kernel_gives_the_same_bits_on_every_build(monkeypatch):
+    """Each lane does in vector code what the scalar code does for its row, so the AVX-512,
+    AVX2 and scalar builds agree bit for bit (not only within a tolerance)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 targets")
+    x = torch.randn(6, 2304, generator=torch.Generator().manual_seed(4))
+    results = {}
+    try:
+        for march in MARCHES:
+            monkeypatch.setenv("RADIXLANG_NATIVE_MARCH", "" if march == "native" else march)
+            clear_libraries()
+            if reason := native_build.skip_reason(block_linear._packed_library):
+                pytest.skip(reason)
+            results[march] = [
+                run(x, block_linear.pack(random_blocks(name, 13, 2304, seed=3))) for name in PACKED
+            ]
+    finally:
+        clear_libraries()
+    for march in MARCHES[1:]:
+        for name, a, b in zip(PACKED, results["native"], results[march], strict=True):
+            assert torch.equal(a, b), (name, march)

@@ -13,6 +13,7 @@ from gguf_files import write_tiny_gguf
 from radixlang.kernels import block_linear as block_kernel
 from radixlang.kernels import native_build
 from radixlang.kernels.block_formats import RawBlocks
+from radixlang.kernels.block_linear import PackedBlocks
 from radixlang.runtime.engine import Engine
 from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
 
@@ -84,9 +85,14 @@ def test_a_gguf_file_is_served_from_its_blocks(tiny, cache):
         assert all(f in ("Q8_0", "Q4_0", "Q4_1") for f in layer.qkv.formats + layer.down.formats)
         if "mixed" in tiny.name:
             assert layer.qkv.formats == ["Q4_0", "Q4_0", "Q8_0"]
-        # The weights are the file's bytes: a non-permuted matrix is a view of the map.
+        # The weights are the file's bytes: repacked (as many bytes) where the packed kernel
+        # takes the format, else a view of the map.
         down = layer.down.parts[0][2]
-        assert isinstance(down, RawBlocks) and not down.data.flags.owndata
+        if down.format.name == "Q4_1":
+            assert isinstance(down, RawBlocks) and not down.data.flags.owndata
+        else:
+            assert isinstance(down, PackedBlocks) and layer.down.packed == [True]
+            assert down.num_bytes == down.rows * down.format.row_bytes(down.cols)  # 8 | rows
         # The Q8_0 token embedding stays blocks too; a lookup dequantizes its rows.
         embed = engine.runner.model.embed
         assert isinstance(embed, BlockEmbedding) and embed.blocks.format.name == "Q8_0"

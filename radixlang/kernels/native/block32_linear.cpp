@@ -13,7 +13,8 @@
 // Every (row of x, row of W) pair is summed the same way whatever the batch size, the tile it
 // falls in and the thread count (eight float lanes over the blocks in order, then one fixed
 // horizontal sum): the kernel is batch-invariant, so deterministic mode uses it as it is.
-// Threads split the output rows.
+// Threads split the output rows; K is walked in passes so that a batch reads each weight once
+// (int8_activations.h's tiled_linear).
 //
 // Built and loaded like paged_attention.cpp (kernels/native_build.py), without reassociation or
 // contraction, so that the quantizers (of activations, and of float weights at load) match their
@@ -34,6 +35,7 @@
 namespace {
 
 using radixlang::QK;
+using radixlang::PairSum;
 using radixlang::QuantizedRows;
 using radixlang::half_at;
 using radixlang::quantize_rows;
@@ -94,21 +96,21 @@ inline __m256i nibbles(const uint8_t* qs) {
     return _mm256_set_m128i(hi, lo);
 }
 
-// R rows of W against MT rows of x, over every block: y[t][n0 + r].
+// R rows of W against MT rows of x over blocks [b0, b1), added to sums[t * R + r].
 template <int F, int R, int MT>
 void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m0, int64_t n0,
-          float* y, int64_t ldy) {
+          int64_t b0, int64_t b1, PairSum* sums) {
     constexpr int BYTES = F == Q4_0 ? 18 : F == Q4_1 ? 20 : 34;
     __m256 acc[R][MT];
     float min_acc[R][MT];
     for (int r = 0; r < R; ++r) {
         for (int t = 0; t < MT; ++t) {
-            acc[r][t] = _mm256_setzero_ps();
-            min_acc[r][t] = 0.0f;
+            acc[r][t] = _mm256_loadu_ps(sums[t * R + r].lanes);
+            min_acc[r][t] = sums[t * R + r].extra;
         }
     }
     const int64_t nb = x.nb;
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
         __m256i wv[R], wsign[R];
         __m256 dw[R];
         float mw[R];
@@ -144,8 +146,11 @@ void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m
             }
         }
     }
-    for (int t = 0; t < MT; ++t) {
-        for (int r = 0; r < R; ++r) y[(m0 + t) * ldy + n0 + r] = hsum(acc[r][t]) + min_acc[r][t];
+    for (int r = 0; r < R; ++r) {
+        for (int t = 0; t < MT; ++t) {
+            _mm256_storeu_ps(sums[t * R + r].lanes, acc[r][t]);
+            sums[t * R + r].extra = min_acc[r][t];
+        }
     }
 }
 
@@ -153,12 +158,12 @@ void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m
 
 template <int F, int R, int MT>
 void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m0, int64_t n0,
-          float* y, int64_t ldy) {
+          int64_t b0, int64_t b1, PairSum* sums) {
     const int bytes = block_bytes(F);
     for (int t = 0; t < MT; ++t) {
         for (int r = 0; r < R; ++r) {
-            float acc = 0.0f, min_acc = 0.0f;
-            for (int64_t b = 0; b < x.nb; ++b) {
+            float acc = sums[t * R + r].lanes[0], min_acc = sums[t * R + r].extra;
+            for (int64_t b = b0; b < b1; ++b) {
                 const int64_t i = (m0 + t) * x.nb + b;
                 const WeightBlock blk = weight_block(w + (n0 + r) * row_bytes + b * bytes, F);
                 int32_t dot = scalar_dot(blk.qs, x.q.data() + i * QK, F);
@@ -166,31 +171,29 @@ void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m
                 acc = std::fma(static_cast<float>(dot), blk.d * x.d[i], acc);
                 if (F == Q4_1) min_acc = std::fma(blk.m, x.d[i] * static_cast<float>(x.s[i]), min_acc);
             }
-            y[(m0 + t) * ldy + n0 + r] = acc + min_acc;
+            sums[t * R + r].lanes[0] = acc;
+            sums[t * R + r].extra = min_acc;
         }
     }
 }
 
 #endif
 
-constexpr int ROWS = 4;    // weight rows per tile
-constexpr int X_ROWS = 2;  // activation rows per tile
-
-template <int F, int R>
-void rows_against_all(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m,
-                      int64_t n0, float* y, int64_t ldy) {
-    int64_t m0 = 0;
-    for (; m0 + X_ROWS <= m; m0 += X_ROWS) tile<F, R, X_ROWS>(w, row_bytes, x, m0, n0, y, ldy);
-    for (; m0 < m; ++m0) tile<F, R, 1>(w, row_bytes, x, m0, n0, y, ldy);
-}
+template <int F>
+struct Block32 {
+    static constexpr int ROWS = 4;  // weight rows per tile
+    static constexpr int X_ROWS = radixlang::X_ROWS_PER_TILE;
+    template <int R, int MT>
+    static void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m0,
+                     int64_t n0, int64_t b0, int64_t b1, PairSum* sums) {
+        ::tile<F, R, MT>(w, row_bytes, x, m0, n0, b0, b1, sums);
+    }
+};
 
 template <int F>
 void linear(const uint8_t* w, int64_t n, int64_t row_bytes, const QuantizedRows& x, int64_t m,
             float* y, int64_t ldy, int threads) {
-    const int64_t tiles = n / ROWS;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < tiles; ++i) rows_against_all<F, ROWS>(w, row_bytes, x, m, i * ROWS, y, ldy);
-    for (int64_t n0 = tiles * ROWS; n0 < n; ++n0) rows_against_all<F, 1>(w, row_bytes, x, m, n0, y, ldy);
+    radixlang::tiled_linear<Block32<F>>(w, n, row_bytes, x, m, y, ldy, threads);
 }
 
 template <int F, typename Out>

@@ -1,6 +1,7 @@
-// Activations quantized to int8 per 32-element block, and the integer dot products the block
-// kernels (block32_linear.cpp, kquant_linear.cpp) build on. Each kernel is built alone, so
-// these are inline and live in the kernels' own namespace.
+// Activations quantized to int8 per 32-element block, the integer dot products the block
+// kernels (block32_linear.cpp, kquant_linear.cpp) build on, and the loops that tile a linear
+// for them. Each kernel is built alone, so these are inline and live in the kernels' own
+// namespace.
 
 #pragma once
 
@@ -18,6 +19,14 @@
 namespace radixlang {
 
 constexpr int QK = 32;  // elements per activation block
+
+// Rows of x per tile: a tile keeps ROWS x X_ROWS vector accumulators in registers, and AVX-512
+// has 32 vector registers where AVX2 has 16.
+#ifdef __AVX512F__
+constexpr int X_ROWS_PER_TILE = 4;
+#else
+constexpr int X_ROWS_PER_TILE = 2;
+#endif
 
 inline float half_at(const uint8_t* p) {
     _Float16 h;
@@ -81,5 +90,74 @@ inline float hsum(__m256 v) {
 }
 
 #endif
+
+// The running sum of one (row of x, row of W) pair between passes over K: eight float lanes
+// (the vector kernels' accumulator; scalar code uses lane 0) and a scalar for the terms that
+// do not depend on W's values (Q4_1's and Q4_K's mins).
+struct PairSum {
+    float lanes[8];
+    float extra;
+};
+
+inline float finish(const PairSum& s) {
+#ifdef RADIXLANG_AVX2
+    return hsum(_mm256_loadu_ps(s.lanes)) + s.extra;
+#else
+    return s.lanes[0] + s.extra;
+#endif
+}
+
+// Activation blocks of K per pass. A tile's weights for one pass (ROWS rows x 64 blocks, a few
+// KB) stay in L1 while every row of x goes past them, so a batch reads each weight from memory
+// once, not once per group of rows. Fixed, so that a pair's sums never depend on the batch.
+constexpr int64_t PASS_BLOCKS = 64;
+
+// y = x @ W^T, threads splitting W's rows. Kernel supplies ROWS (W rows per tile), X_ROWS (x
+// rows per tile) and
+//   template <int R, int MT> static void tile(w, row_bytes, x, m0, n0, b0, b1, PairSum* sums)
+// which adds blocks [b0, b1) of R rows of W (from n0) against MT rows of x (from m0) to
+// sums[t * R + r]. Every pair is summed over the same passes in the same order whatever the
+// batch, the tile it falls in and the thread count: batch-invariant.
+template <typename Kernel, int R>
+void rows_against_all(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m,
+                      int64_t n0, float* y, int64_t ldy, PairSum* sums) {
+    constexpr int MT = Kernel::X_ROWS;
+    std::memset(sums, 0, sizeof(PairSum) * m * R);
+    for (int64_t b0 = 0; b0 < x.nb; b0 += PASS_BLOCKS) {
+        const int64_t b1 = std::min(x.nb, b0 + PASS_BLOCKS);
+        int64_t m0 = 0;
+        for (; m0 + MT <= m; m0 += MT) {
+            Kernel::template tile<R, MT>(w, row_bytes, x, m0, n0, b0, b1, sums + m0 * R);
+        }
+        for (; m0 < m; ++m0) {
+            Kernel::template tile<R, 1>(w, row_bytes, x, m0, n0, b0, b1, sums + m0 * R);
+        }
+    }
+    for (int64_t t = 0; t < m; ++t) {
+        for (int r = 0; r < R; ++r) y[t * ldy + n0 + r] = finish(sums[t * R + r]);
+    }
+}
+
+template <typename Kernel>
+void tiled_linear(const uint8_t* w, int64_t n, int64_t row_bytes, const QuantizedRows& x,
+                  int64_t m, float* y, int64_t ldy, int threads) {
+    constexpr int R = Kernel::ROWS;
+    const int64_t tiles = (n + R - 1) / R;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<PairSum> sums(m * R);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < tiles; ++i) {
+            const int64_t n0 = i * R;
+            if (n0 + R <= n) {
+                rows_against_all<Kernel, R>(w, row_bytes, x, m, n0, y, ldy, sums.data());
+            } else {
+                for (int64_t row = n0; row < n; ++row) {
+                    rows_against_all<Kernel, 1>(w, row_bytes, x, m, row, y, ldy, sums.data());
+                }
+            }
+        }
+    }
+}
 
 }  // namespace radixlang

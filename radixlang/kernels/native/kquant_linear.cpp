@@ -30,6 +30,7 @@ namespace {
 using radixlang::half_at;
 using radixlang::QK;
 using radixlang::quantize_rows;
+using radixlang::PairSum;
 using radixlang::QuantizedRows;
 #ifdef RADIXLANG_AVX2
 using radixlang::dot_u8s8;
@@ -121,18 +122,18 @@ inline void sub_vectors(const uint8_t* blk, int j, __m256i& a, __m256i& sign) {
 
 template <int F, int R, int MT>
 void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m0, int64_t n0,
-          float* y, int64_t ldy) {
+          int64_t b0, int64_t b1, PairSum* sums) {
     constexpr int BYTES = super_bytes(F);
     __m256 acc[R][MT];
     float min_acc[R][MT];
     for (int r = 0; r < R; ++r) {
         for (int t = 0; t < MT; ++t) {
-            acc[r][t] = _mm256_setzero_ps();
-            min_acc[r][t] = 0.0f;
+            acc[r][t] = _mm256_loadu_ps(sums[t * R + r].lanes);
+            min_acc[r][t] = sums[t * R + r].extra;
         }
     }
     const int64_t nb = x.nb;
-    for (int64_t sb = 0; sb < nb / SUB; ++sb) {
+    for (int64_t sb = b0 / SUB; sb < b1 / SUB; ++sb) {
         SuperScales scales[R];
         const uint8_t* blk[R];
         for (int r = 0; r < R; ++r) {
@@ -166,8 +167,11 @@ void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m
             }
         }
     }
-    for (int t = 0; t < MT; ++t) {
-        for (int r = 0; r < R; ++r) y[(m0 + t) * ldy + n0 + r] = hsum(acc[r][t]) + min_acc[r][t];
+    for (int r = 0; r < R; ++r) {
+        for (int t = 0; t < MT; ++t) {
+            _mm256_storeu_ps(sums[t * R + r].lanes, acc[r][t]);
+            sums[t * R + r].extra = min_acc[r][t];
+        }
     }
 }
 
@@ -175,12 +179,12 @@ void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m
 
 template <int F, int R, int MT>
 void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m0, int64_t n0,
-          float* y, int64_t ldy) {
+          int64_t b0, int64_t b1, PairSum* sums) {
     constexpr int BYTES = super_bytes(F);
     for (int t = 0; t < MT; ++t) {
         for (int r = 0; r < R; ++r) {
-            float acc = 0.0f, min_acc = 0.0f;
-            for (int64_t sb = 0; sb < x.nb / SUB; ++sb) {
+            float acc = sums[t * R + r].lanes[0], min_acc = sums[t * R + r].extra;
+            for (int64_t sb = b0 / SUB; sb < b1 / SUB; ++sb) {
                 const uint8_t* blk = w + (n0 + r) * row_bytes + sb * BYTES;
                 SuperScales scales;
                 super_scales<F>(blk, scales);
@@ -202,31 +206,32 @@ void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m
                     }
                 }
             }
-            y[(m0 + t) * ldy + n0 + r] = acc + min_acc;
+            sums[t * R + r].lanes[0] = acc;
+            sums[t * R + r].extra = min_acc;
         }
     }
 }
 
 #endif
 
-constexpr int ROWS = 4;
-constexpr int X_ROWS = 2;
+// Passes over K end on super-block boundaries.
+static_assert(radixlang::PASS_BLOCKS % SUB == 0);
 
-template <int F, int R>
-void rows_against_all(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m,
-                      int64_t n0, float* y, int64_t ldy) {
-    int64_t m0 = 0;
-    for (; m0 + X_ROWS <= m; m0 += X_ROWS) tile<F, R, X_ROWS>(w, row_bytes, x, m0, n0, y, ldy);
-    for (; m0 < m; ++m0) tile<F, R, 1>(w, row_bytes, x, m0, n0, y, ldy);
-}
+template <int F>
+struct KQuant {
+    static constexpr int ROWS = 4;  // weight rows per tile
+    static constexpr int X_ROWS = radixlang::X_ROWS_PER_TILE;
+    template <int R, int MT>
+    static void tile(const uint8_t* w, int64_t row_bytes, const QuantizedRows& x, int64_t m0,
+                     int64_t n0, int64_t b0, int64_t b1, PairSum* sums) {
+        ::tile<F, R, MT>(w, row_bytes, x, m0, n0, b0, b1, sums);
+    }
+};
 
 template <int F>
 void linear(const uint8_t* w, int64_t n, int64_t row_bytes, const QuantizedRows& x, int64_t m,
             float* y, int64_t ldy, int threads) {
-    const int64_t tiles = n / ROWS;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < tiles; ++i) rows_against_all<F, ROWS>(w, row_bytes, x, m, i * ROWS, y, ldy);
-    for (int64_t n0 = tiles * ROWS; n0 < n; ++n0) rows_against_all<F, 1>(w, row_bytes, x, m, n0, y, ldy);
+    radixlang::tiled_linear<KQuant<F>>(w, n, row_bytes, x, m, y, ldy, threads);
 }
 
 template <int F, typename Out>

@@ -2,8 +2,10 @@
 
 A layer may be several matrices stacked by rows (q/k/v fused, gate/up fused) whose formats
 differ, as in llama.cpp's mixes (Q4_K_M keeps some projections at higher precision): each part
-writes its own columns of the output. A part the block kernel does not take is held as a float
-linear of the model's dtype.
+writes its own columns of the output. Parts in a format the packed kernel takes are repacked at
+load (``block_linear.pack``: eight rows interleaved, the same bytes); the others are read in the
+file's layout. A part the block kernels do not take is held as a float linear of the model's
+dtype.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 from radixlang.kernels import block_linear
 from radixlang.kernels.block_formats import RawBlocks
+from radixlang.kernels.block_linear import AnyBlocks
 from radixlang.runtime.models.linear import InvariantLinear, Linear, make_linear
 
 FloatLinear = Linear | InvariantLinear
@@ -22,10 +25,11 @@ class BlockLinear:
     """``y = x @ W.T + bias`` for ``W`` stacked from ``parts`` (``RawBlocks`` the kernel takes,
     or float weights ``[rows, in]``).
 
-    Decode-sized batches multiply from the blocks (activations quantized per 32-element block);
-    batches of ``block_linear.GEMM_MIN_ROWS`` rows or more dequantize each part to ``x``'s dtype
-    and multiply in torch, except in deterministic mode, where every batch takes the block kernel
-    (its rows do not depend on the batch)."""
+    Every batch multiplies from the blocks (activations quantized per 32-element block), except
+    that a part left in the file's layout, outside deterministic mode, takes
+    dequantize-and-GEMM from ``block_linear.GEMM_MIN_ROWS`` rows (the layout's integer dots are
+    slower than torch's GEMM there; the packed kernel's are not). The block kernels' rows do not
+    depend on the batch."""
 
     def __init__(
         self,
@@ -40,13 +44,13 @@ class BlockLinear:
         self.in_features = widths.pop()
         self.deterministic = deterministic
         self.bias = bias
-        self.parts: list[tuple[int, int, RawBlocks | FloatLinear]] = []
+        self.parts: list[tuple[int, int, AnyBlocks | FloatLinear]] = []
         start = 0
         for part in parts:
             rows = part.rows if isinstance(part, RawBlocks) else part.shape[0]
-            held: RawBlocks | FloatLinear
+            held: AnyBlocks | FloatLinear
             if isinstance(part, RawBlocks):
-                held = part
+                held = block_linear.pack(part) if block_linear.packs(part) else part
             else:
                 held = make_linear(part.to(dtype), None, "none", deterministic)  # type: ignore[assignment]
             self.parts.append((start, start + rows, held))
@@ -59,12 +63,21 @@ class BlockLinear:
     @property
     def formats(self) -> list[str]:
         """Each part's storage type ("Q4_0", ...; "float" for a part held as a float linear)."""
-        return [p.format.name if isinstance(p, RawBlocks) else "float" for _, _, p in self.parts]
+        return [p.format.name if _is_blocks(p) else "float" for _, _, p in self.parts]
+
+    @property
+    def packed(self) -> list[bool]:
+        """Whether each part was repacked for the packed kernel."""
+        return [isinstance(p, block_linear.PackedBlocks) for _, _, p in self.parts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] >= block_linear.GEMM_MIN_ROWS and not self.deterministic:
+        if (
+            x2.shape[0] >= block_linear.GEMM_MIN_ROWS
+            and not self.deterministic
+            and any(isinstance(p, RawBlocks) for _, _, p in self.parts)
+        ):
             y = self._dequantized_gemm(x2)
         else:
             y = self._block_dots(x2)
@@ -76,22 +89,32 @@ class BlockLinear:
         x32 = x.float().contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         for start, end, part in self.parts:
-            if isinstance(part, RawBlocks):
+            if _is_blocks(part):
                 block_linear.linear_into(x32, part, out[:, start:end])
             else:
                 out[:, start:end] = part(x)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def _dequantized_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        if len(self.parts) == 1 and isinstance(self.parts[0][2], RawBlocks):
-            return F.linear(x, block_linear.dequantize(self.parts[0][2], x.dtype))
+        """Parts in the file's layout dequantized and multiplied in torch; packed parts through
+        their kernel."""
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        x32 = None
         for start, end, part in self.parts:
             if isinstance(part, RawBlocks):
                 out[:, start:end] = F.linear(x, block_linear.dequantize(part, x.dtype))
+            elif isinstance(part, block_linear.PackedBlocks):
+                x32 = x.float().contiguous() if x32 is None else x32
+                packed_out = torch.empty(x.shape[0], end - start, dtype=torch.float32)
+                block_linear.linear_into(x32, part, packed_out)
+                out[:, start:end] = packed_out
             else:
                 out[:, start:end] = part(x)
         return out
+
+
+def _is_blocks(part: object) -> bool:
+    return isinstance(part, RawBlocks | block_linear.PackedBlocks)
 
 
 class BlockEmbedding:

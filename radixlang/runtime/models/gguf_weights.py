@@ -185,6 +185,11 @@ class GGUFWeights:
         order = self._row_order(name)
         return raw if raw is None or order is None else raw.take_rows(order)
 
+    def release(self, name: str) -> None:
+        """The tensor's bytes were copied (repacked by the kernels): unmap its pages from this
+        process, so that the model's resident memory is its file's size once, not twice."""
+        self.file.drop_pages(self._tensor(name))
+
     def _raw(self, name: str) -> RawBlocks | None:
         """The stored blocks of a 2-D matrix in a kernel block format, rows as stored."""
         tensor = self._tensor(name)

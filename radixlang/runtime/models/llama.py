@@ -268,12 +268,16 @@ class LlamaForCausalLM:
                 blocks = _kernel_blocks(weights, names, device)
                 if blocks is not None:
                     parts = zip(blocks, names, strict=True)
-                    return BlockLinear(
+                    layer = BlockLinear(
                         [b if b is not None else load(n) for b, n in parts],
                         bias,
                         dtype,
                         deterministic,
                     )
+                    for name, packed in zip(names, layer.packed, strict=True):
+                        if packed:
+                            weights.release(name)
+                    return layer
             weight = torch.cat([load(n) for n in names]) if len(names) > 1 else load(names[0])
             kind = "none" if quantization == "gguf" else quantization
             return make_linear(weight, bias, kind, deterministic)
@@ -315,6 +319,8 @@ class LlamaForCausalLM:
         head_blocks = _kernel_blocks(weights, [head], device) if quantization == "gguf" else None
         if head_blocks is not None:
             lm_head: AnyLinear = BlockLinear(head_blocks, None, dtype, deterministic)  # type: ignore[arg-type]
+            if lm_head.packed[0] and not (tied and isinstance(embed, BlockEmbedding)):
+                weights.release(head)
         else:
             shared = tied and isinstance(embed, torch.Tensor)
             lm_head = make_linear(embed if shared else load(head), deterministic=deterministic)  # type: ignore[arg-type]
