@@ -50,7 +50,10 @@ def test_at_run_time_a_compile_error_warns_with_the_message_and_falls_back(probe
     needs_compiler()
     with pytest.warns(UserWarning, match="radixlang_undeclared_name") as record:
         assert native_build.usable(lambda: native_build.load("probe"), "probe kernel") is False
-    assert "probe kernel unavailable, using torch" in str(record[0].message)
+    # Only the build's warning: the garbage collector can emit others inside the block (an
+    # earlier test's unclosed event loop, a ResourceWarning), so record[0] may be another's.
+    ours = [str(w.message) for w in record if "radixlang_undeclared_name" in str(w.message)]
+    assert len(ours) == 1 and "probe kernel unavailable, using torch" in ours[0]
 
 
 def test_no_compiler_found_is_a_reason_to_skip(probe_source, tmp_path, monkeypatch):
