@@ -1,8 +1,9 @@
 """Linears on GGUF's quantized blocks: the file's own layout read in place (the 32-element
 formats Q4_0, Q4_1, Q8_0: ``native/block32_linear.cpp``; the k-quants' 256-element super-blocks
 Q4_K, Q6_K: ``native/kquant_linear.cpp``), or repacked once at load with eight rows interleaved
-per block (``PackedBlocks``: Q4_0, Q8_0, Q4_K; ``native/packed_linear.cpp``), where one integer
-dot instruction serves eight rows and the float work per (row, block) pair falls eightfold.
+per block (``PackedBlocks``: Q4_0, Q8_0, Q4_K, Q6_K; ``native/packed_linear.cpp``), where one
+integer dot instruction serves 8 or 16 rows and the float work per (row, block) pair falls as
+much.
 
 Either way a model takes its file's size in memory, not four to eight times that, and the
 activations are quantized per 32-element block to int8. Each kernel's rows do not depend on the
@@ -72,6 +73,7 @@ def _packed_library() -> ctypes.CDLL:
         "packed_linear",
         "radixlang_packed",
         {
+            "group_rows": ([], _I),
             "group_bytes": ([_I, _I64], _I64),
             "pack": ([_I, _P, _I64, _I64, _I64, _P, _I], _I),
             "linear": ([_I, _P, _I64, _I64, _P, _I64, _P, _I64, _I], _I),
@@ -90,15 +92,12 @@ def available() -> bool:
     )
 
 
-# Rows interleaved per packed group.
-GROUP_ROWS = 8
-
-
 @dataclass(frozen=True)
 class PackedBlocks:
     """A quantized matrix ``[rows, cols]`` repacked for ``native/packed_linear.cpp``: ``data`` is
-    ``uint8 [ceil(rows / 8), group_bytes]``, eight rows interleaved block by block (the last
-    group padded with zero rows). Made by ``pack``."""
+    ``uint8 [ceil(rows / G), group_bytes]``, G rows interleaved block by block (G = 16 where
+    the kernel is built for AVX-512, 8 elsewhere; the last group padded with zero rows). Made
+    by ``pack``."""
 
     format: BlockFormat
     rows: int
@@ -117,13 +116,13 @@ def packs(blocks: RawBlocks) -> bool:
 
 
 def pack(blocks: RawBlocks) -> PackedBlocks:
-    """``blocks`` repacked with eight rows interleaved per block (a copy of the same size; the
+    """``blocks`` repacked with G rows interleaved per block (a copy of the same size; the
     source, often a memory map, is only read)."""
     lib = _packed_library()
     group_bytes = lib.radixlang_packed_group_bytes(blocks.format.ggml_type, blocks.cols)
     if group_bytes <= 0:
         raise BlockKernelError(f"{blocks.format.name} blocks are not packed")
-    groups = -(-blocks.rows // GROUP_ROWS)
+    groups = -(-blocks.rows // lib.radixlang_packed_group_rows())
     out = np.empty((groups, group_bytes), dtype=np.uint8)
     lib.radixlang_packed_pack(
         blocks.format.ggml_type,

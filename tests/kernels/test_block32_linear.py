@@ -236,7 +236,7 @@ def test_kquant_dequantize_matches_the_gguf_package_bit_for_bit(kernel, name, dt
 
 # ---- every format, in either layout ---------------------------------------------------------
 
-PACKED = ["Q4_0", "Q8_0", "Q4_K"]
+PACKED = ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]
 LAYOUTS = [(name, "file") for name in FORMATS] + [(name, "packed") for name in PACKED]
 
 
@@ -273,12 +273,15 @@ def test_the_packed_kernel_matches_the_reference(kernel, name, rows, cols, batch
     blocks = random_blocks(name, rows, cols, seed=rows * 5 + batch)
     packed = block_linear.pack(blocks)
     assert isinstance(packed, block_linear.PackedBlocks)
-    # The file's bytes per block and row (Q4_K: 148, its sub-block scales unpacked to bytes).
-    per_block = {"Q4_0": 18, "Q8_0": 34, "Q4_K": 148}[name]
-    assert packed.num_bytes == -(-rows // 8) * 8 * cols // blocks.format.block_size * per_block
+    # The file's bytes per block and row (Q4_K: 148, its sub-block scales unpacked to bytes),
+    # rows padded to whole groups (of 8 or 16).
+    per_block = {"Q4_0": 18, "Q8_0": 34, "Q4_K": 148, "Q6_K": 210}[name]
+    group = block_linear._packed_library().radixlang_packed_group_rows()
+    padded = -(-rows // group) * group
+    assert packed.num_bytes == padded * cols // blocks.format.block_size * per_block
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(rows + batch))
     got = run(x, packed).numpy().astype(np.float64)
-    reference = reference_kquant_linear if name == "Q4_K" else reference_linear
+    reference = reference_kquant_linear if name in ("Q4_K", "Q6_K") else reference_linear
     want, magnitude = reference(x.numpy(), blocks)
     assert np.all(np.abs(got - want) <= 2e-5 * magnitude + 1e-30), np.abs(got - want).max()
 

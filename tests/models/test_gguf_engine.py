@@ -92,7 +92,7 @@ def test_a_gguf_file_is_served_from_its_blocks(tiny, cache):
             assert isinstance(down, RawBlocks) and not down.data.flags.owndata
         else:
             assert isinstance(down, PackedBlocks) and layer.down.packed == [True]
-            assert down.num_bytes == down.rows * down.format.row_bytes(down.cols)  # 8 | rows
+            assert down.num_bytes == down.rows * down.format.row_bytes(down.cols)  # whole groups
         # The Q8_0 token embedding stays blocks too; a lookup dequantizes its rows.
         embed = engine.runner.model.embed
         assert isinstance(embed, BlockEmbedding) and embed.blocks.format.name == "Q8_0"

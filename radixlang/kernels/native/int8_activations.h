@@ -34,12 +34,13 @@ inline float half_at(const uint8_t* p) {
     return static_cast<float>(h);
 }
 
-// x quantized per row and block: values, scales and the sums of the values.
+// x quantized per row and block: values, scales, the sums of the values, and the sums of each
+// 16-element half (Q6_K's scales cover 16 elements).
 struct QuantizedRows {
     int64_t k, nb;
     std::vector<int8_t> q;
     std::vector<float> d;
-    std::vector<int32_t> s;
+    std::vector<int32_t> s, half_s;
 };
 
 inline void quantize_rows(const float* x, int64_t m, int64_t k, QuantizedRows& out) {
@@ -49,21 +50,24 @@ inline void quantize_rows(const float* x, int64_t m, int64_t k, QuantizedRows& o
     out.q.resize(m * k);
     out.d.resize(m * nb);
     out.s.resize(m * nb);
+    out.half_s.resize(2 * m * nb);
     for (int64_t i = 0; i < m * nb; ++i) {
         const float* src = x + i * QK;  // rows are contiguous, so block i of the whole array
         float amax = 0.0f;
         for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(src[j]));
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
+        int32_t sum[2] = {0, 0};
         int8_t* dst = out.q.data() + i * QK;
         for (int j = 0; j < QK; ++j) {
             const int v = static_cast<int>(std::nearbyint(src[j] * id));
             dst[j] = static_cast<int8_t>(v);
-            sum += v;
+            sum[j / 16] += v;
         }
         out.d[i] = d;
-        out.s[i] = sum;
+        out.s[i] = sum[0] + sum[1];
+        out.half_s[2 * i] = sum[0];
+        out.half_s[2 * i + 1] = sum[1];
     }
 }
 
