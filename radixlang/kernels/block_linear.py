@@ -1,7 +1,7 @@
 """Linears on GGUF's quantized blocks: the file's own layout read in place (the 32-element
 formats Q4_0, Q4_1, Q8_0: ``native/block32_linear.cpp``; the k-quants' 256-element super-blocks
 Q4_K, Q6_K: ``native/kquant_linear.cpp``), or repacked once at load with eight rows interleaved
-per block (``PackedBlocks``: Q4_0, Q8_0, Q4_K, Q6_K; ``native/packed_linear.cpp``), where one
+per block (``PackedBlocks``: all five; ``native/packed_linear.cpp``), where one
 integer dot instruction serves 8 or 16 rows and the float work per (row, block) pair falls as
 much.
 
@@ -23,8 +23,8 @@ import torch
 from radixlang.kernels import native_build
 from radixlang.kernels.block_formats import FORMATS, BlockFormat, RawBlocks
 
-# At this many rows of x or more, dequantize-and-GEMM takes over from the integer dots, whose
-# cost grows with every row (a first choice: the crossover is still to be measured).
+# Where torch's GEMM outruns the integer dots (bfloat16 on AMX tiles: models/block_linear.py),
+# batches of this many rows or more dequantize and take it (not measured here: no AMX machine).
 GEMM_MIN_ROWS = 16
 
 

@@ -236,7 +236,7 @@ def test_kquant_dequantize_matches_the_gguf_package_bit_for_bit(kernel, name, dt
 
 # ---- every format, in either layout ---------------------------------------------------------
 
-PACKED = ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]
+PACKED = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
 LAYOUTS = [(name, "file") for name in FORMATS] + [(name, "packed") for name in PACKED]
 
 
@@ -275,7 +275,7 @@ def test_the_packed_kernel_matches_the_reference(kernel, name, rows, cols, batch
     assert isinstance(packed, block_linear.PackedBlocks)
     # The file's bytes per block and row (Q4_K: 148, its sub-block scales unpacked to bytes),
     # rows padded to whole groups (of 8 or 16).
-    per_block = {"Q4_0": 18, "Q8_0": 34, "Q4_K": 148, "Q6_K": 210}[name]
+    per_block = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 148, "Q6_K": 210}[name]
     group = block_linear._packed_library().radixlang_packed_group_rows()
     padded = -(-rows // group) * group
     assert packed.num_bytes == padded * cols // blocks.format.block_size * per_block

@@ -15,6 +15,7 @@ from radixlang.kernels import native_build
 from radixlang.kernels.block_formats import RawBlocks
 from radixlang.kernels.block_linear import PackedBlocks
 from radixlang.runtime.engine import Engine
+from radixlang.runtime.models import block_linear as block_linear_layer
 from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
 
 PROMPTS = ["hello there", "the cat sat on", "1 2 3 4", "in a far land", "a b c", "where is"]
@@ -85,14 +86,10 @@ def test_a_gguf_file_is_served_from_its_blocks(tiny, cache):
         assert all(f in ("Q8_0", "Q4_0", "Q4_1") for f in layer.qkv.formats + layer.down.formats)
         if "mixed" in tiny.name:
             assert layer.qkv.formats == ["Q4_0", "Q4_0", "Q8_0"]
-        # The weights are the file's bytes: repacked (as many bytes) where the packed kernel
-        # takes the format, else a view of the map.
+        # The weights are the file's bytes, repacked (as many bytes).
         down = layer.down.parts[0][2]
-        if down.format.name == "Q4_1":
-            assert isinstance(down, RawBlocks) and not down.data.flags.owndata
-        else:
-            assert isinstance(down, PackedBlocks) and layer.down.packed == [True]
-            assert down.num_bytes == down.rows * down.format.row_bytes(down.cols)  # whole groups
+        assert isinstance(down, PackedBlocks) and layer.down.packed == [True]
+        assert down.num_bytes == down.rows * down.format.row_bytes(down.cols)  # whole groups
         # The Q8_0 token embedding stays blocks too; a lookup dequantizes its rows.
         embed = engine.runner.model.embed
         assert isinstance(embed, BlockEmbedding) and embed.blocks.format.name == "Q8_0"
@@ -221,16 +218,26 @@ def test_a_fused_linear_writes_each_part_into_its_columns():
     assert fused.num_bytes == q.num_bytes + v.num_bytes + dense.numel() * 4 + 56 * 4
 
 
+@pytest.mark.parametrize("amx", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_large_batches_multiply_the_dequantized_weight(dtype):
-    """Prefill-sized batches take a GEMM on the dequantized weight: exactly F.linear's result."""
+def test_large_batches_take_the_gemm_only_in_bfloat16_on_amx(dtype, amx, monkeypatch):
+    """Prefill-sized batches take the packed kernel (rows as in any batch), except bfloat16 on a
+    CPU with AMX tiles: a GEMM on the dequantized weight, exactly F.linear's result."""
+    monkeypatch.setattr(block_linear_layer, "amx_tiles", lambda: amx)
     gen = torch.Generator().manual_seed(2)
     blocks = blocks_of(torch.randn(40, 96, generator=gen), "Q4_1")
     x = torch.randn(block_kernel.GEMM_MIN_ROWS + 3, 96, generator=gen).to(dtype)
-    got = BlockLinear([blocks], dtype=dtype)(x)
+    layer = BlockLinear([blocks], dtype=dtype)
+    assert layer.packed == [True]
+    got = layer(x)
     want = torch.nn.functional.linear(x, block_kernel.dequantize(blocks, dtype))
-    assert got.dtype == dtype and torch.equal(got, want)
-    # Deterministic mode keeps the block kernel at every size: rows independent of the batch.
+    assert got.dtype == dtype
+    if amx and dtype == torch.bfloat16:
+        assert torch.equal(got, want)
+    else:
+        assert torch.equal(got[:2], layer(x[:2]))  # the kernel: rows independent of the batch
+        assert not torch.equal(got, want)  # and not the GEMM (the int8 activations differ)
+    # Deterministic mode keeps the block kernel at every size.
     invariant = BlockLinear([blocks], dtype=dtype, deterministic=True)
     assert torch.equal(invariant(x)[:2], invariant(x[:2]))
 

@@ -1,5 +1,5 @@
 // y = x @ W^T for GGUF block weights repacked at load with G rows of W interleaved per block
-// (Q4_0, Q8_0, Q4_K, Q6_K; G = 16 on AVX-512, 8 elsewhere: one vector's int32 lanes), so that
+// (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; G = 16 on AVX-512, 8 elsewhere: one vector's int32 lanes), so that
 // one integer dot instruction works on G rows at once.
 //
 // The file's layout puts a block's 32 values of one row together, so a kernel reading it
@@ -16,6 +16,7 @@
 // element 4c + i (of the block or sub-block) of row r for chunk c:
 //   Q4_0 (18G bytes): G f16 scales d[r]; 4 chunks of nibbles, the low nibble of chunk c for
 //        elements 4c..4c+3, the high one for 16+4c..16+4c+3 (the file's own pairing).
+//   Q4_1 (20G): G f16 scales d[r], G f16 mins m[r], 4 chunks of nibbles as Q4_0's.
 //   Q8_0 (34G): G f16 scales; 8 chunks of int8 values.
 //   Q4_K (148G, a super-block of 256): G f16 d, G f16 dmin, the 6-bit scales sc[j][r] and
 //        mins m[j][r] as bytes (8G each), then for each pair of sub-blocks (2p, 2p+1) 8 chunks
@@ -53,7 +54,7 @@ using radixlang::QK;
 using radixlang::quantize_rows;
 using radixlang::QuantizedRows;
 
-enum Format : int { Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };  // ggml's type ids
+enum Format : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };  // ggml's type ids
 constexpr int SUB = 8;  // 32-element sub-blocks per super-block
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -68,13 +69,14 @@ constexpr int G = 8;
 
 constexpr int block_elems(int f) { return f == Q4_K || f == Q6_K ? 256 : 32; }
 constexpr int file_bytes(int f) {
-    return f == Q4_0 ? 18 : f == Q8_0 ? 34 : f == Q4_K ? 144 : f == Q6_K ? 210 : 0;
+    return f == Q4_0 ? 18 : f == Q4_1 ? 20 : f == Q8_0 ? 34 : f == Q4_K ? 144 : f == Q6_K ? 210 : 0;
 }
 constexpr int row_bytes_packed(int f) { return f == Q4_K ? 148 : file_bytes(f); }
 constexpr int packed_bytes(int f) { return G * row_bytes_packed(f); }
 
 // Byte offsets inside a packed block.
 constexpr int CHUNK = 4 * G;
+constexpr int values_at(int f) { return f == Q4_1 ? 4 * G : 2 * G; }  // 32-element formats
 constexpr int Q4K_SC = 4 * G, Q4K_M = 12 * G, Q4K_VALUES = 20 * G;
 constexpr int Q6K_SCALES = 2 * G, Q6K_VALUES = 18 * G, Q6K_HALF = 12 * G;
 
@@ -103,10 +105,13 @@ void pack_block(const uint8_t* const* rows, uint8_t* out) {
     for (int r = 0; r < G; ++r) {
         const uint8_t* src = rows[r];
         if (src == nullptr) continue;
-        if (F == Q4_0 || F == Q8_0) {
-            std::memcpy(out + 2 * r, src, 2);
-            const int chunks = F == Q4_0 ? 4 : 8;
-            for (int c = 0; c < chunks; ++c) std::memcpy(out + 2 * G + CHUNK * c + 4 * r, src + 2 + 4 * c, 4);
+        if (F == Q4_0 || F == Q4_1 || F == Q8_0) {
+            const int head = F == Q4_1 ? 2 : 1;  // f16 fields before the values: d (and m)
+            for (int h = 0; h < head; ++h) std::memcpy(out + 2 * G * h + 2 * r, src + 2 * h, 2);
+            const int chunks = F == Q8_0 ? 8 : 4;
+            for (int c = 0; c < chunks; ++c) {
+                std::memcpy(out + 2 * G * head + CHUNK * c + 4 * r, src + 2 * head + 4 * c, 4);
+            }
         } else if (F == Q4_K) {
             std::memcpy(out + 2 * r, src, 2);
             std::memcpy(out + 2 * G + 2 * r, src + 2, 2);
@@ -142,8 +147,8 @@ void pack_block(const uint8_t* const* rows, uint8_t* out) {
 // Row r's element e of a packed block as an integer (Q4_0: with its -8; Q6_K: unsigned q).
 template <int F>
 int packed_int(const uint8_t* blk, int r, int e) {
-    if (F == Q4_0) {
-        const uint8_t byte = blk[2 * G + CHUNK * ((e % 16) / 4) + 4 * r + e % 4];
+    if (F == Q4_0 || F == Q4_1) {
+        const uint8_t byte = blk[values_at(F) + CHUNK * ((e % 16) / 4) + 4 * r + e % 4];
         return (e < 16 ? byte & 0x0f : byte >> 4);
     }
     if (F == Q8_0) return static_cast<int8_t>(blk[2 * G + CHUNK * (e / 4) + 4 * r + e % 4]);
@@ -163,6 +168,7 @@ template <int F>
 float packed_value(const uint8_t* blk, int r, int e) {
     const int q = packed_int<F>(blk, r, e);
     if (F == Q4_0) return static_cast<float>(q - 8) * half_at(blk + 2 * r);
+    if (F == Q4_1) return std::fma(static_cast<float>(q), half_at(blk + 2 * r), half_at(blk + 2 * G + 2 * r));
     if (F == Q8_0) return half_at(blk + 2 * r) * static_cast<float>(q);
     if (F == Q4_K) {
         const int j = e / 32;
@@ -269,25 +275,27 @@ void group_tile(const uint8_t* grp, const QuantizedRows& x, int64_t m0, int64_t 
     L::F acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = L::fload(sums + t * G);
     const int64_t nb = x.nb;
-    if constexpr (F == Q4_0) {
+    if constexpr (F == Q4_0 || F == Q4_1) {
         for (int64_t b = b0; b < b1; ++b) {
             const uint8_t* blk = grp + b * packed_bytes(F);
             const L::F dw = L::halves(blk);
+            const L::F mw = F == Q4_1 ? L::halves(blk + 2 * G) : dw;
             L::I lo[4], hi[4];
             for (int c = 0; c < 4; ++c) {
-                const L::I v = L::load(blk + 2 * G + CHUNK * c);
+                const L::I v = L::load(blk + values_at(F) + CHUNK * c);
                 lo[c] = L::and_(v, low4);
                 hi[c] = L::and_(L::shr(v, 4), low4);
             }
             for (int t = 0; t < MT; ++t) {
                 const int64_t i = (m0 + t) * nb + b;
                 const int8_t* xq = x.q.data() + i * QK;
-                L::I dot = L::set1(-8 * x.s[i]);
+                L::I dot = L::set1(F == Q4_0 ? -8 * x.s[i] : 0);
                 for (int c = 0; c < 4; ++c) {
                     dot = L::dot(dot, lo[c], L::group(xq + 4 * c));
                     dot = L::dot(dot, hi[c], L::group(xq + 16 + 4 * c));
                 }
                 acc[t] = L::fmadd(L::tofloat(dot), L::mul(dw, L::fset1(x.d[i])), acc[t]);
+                if (F == Q4_1) acc[t] = L::fmadd(mw, L::fset1(x.d[i] * static_cast<float>(x.s[i])), acc[t]);
             }
         }
     } else if constexpr (F == Q8_0) {
@@ -369,7 +377,7 @@ void group_tile(const uint8_t* grp, const QuantizedRows& x, int64_t m0, int64_t 
     for (int t = 0; t < MT; ++t) {
         for (int r = 0; r < G; ++r) {
             float acc = sums[t * G + r];
-            if (F == Q4_0 || F == Q8_0) {
+            if (F == Q4_0 || F == Q4_1 || F == Q8_0) {
                 for (int64_t b = b0; b < b1; ++b) {
                     const uint8_t* blk = grp + b * packed_bytes(F);
                     const int64_t i = (m0 + t) * nb + b;
@@ -377,6 +385,9 @@ void group_tile(const uint8_t* grp, const QuantizedRows& x, int64_t m0, int64_t 
                     int32_t dot = F == Q4_0 ? -8 * x.s[i] : 0;
                     for (int e = 0; e < QK; ++e) dot += packed_int<F>(blk, r, e) * xq[e];
                     acc = std::fma(static_cast<float>(dot), half_at(blk + 2 * r) * x.d[i], acc);
+                    if (F == Q4_1) {
+                        acc = std::fma(half_at(blk + 2 * G + 2 * r), x.d[i] * static_cast<float>(x.s[i]), acc);
+                    }
                 }
             } else if (F == Q4_K) {
                 for (int64_t sb = b0 / SUB; sb < b1 / SUB; ++sb) {
@@ -455,6 +466,9 @@ int dispatch(int format, Fn&& fn) {
     switch (format) {
         case Q4_0:
             fn(std::integral_constant<int, Q4_0>{});
+            return 0;
+        case Q4_1:
+            fn(std::integral_constant<int, Q4_1>{});
             return 0;
         case Q8_0:
             fn(std::integral_constant<int, Q8_0>{});
