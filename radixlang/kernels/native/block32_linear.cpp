@@ -295,19 +295,9 @@ int radixlang_block32_linear(int format, const uint8_t* w, int64_t n, int64_t k,
                              const float* x, int64_t m, float* y, int64_t ldy, int threads) {
     QuantizedRows qx;
     quantize_rows(x, m, k, qx);
-    switch (format) {
-        case Q4_0:
-            linear<Q4_0>(w, n, row_bytes, qx, m, y, ldy, threads);
-            return 0;
-        case Q4_1:
-            linear<Q4_1>(w, n, row_bytes, qx, m, y, ldy, threads);
-            return 0;
-        case Q8_0:
-            linear<Q8_0>(w, n, row_bytes, qx, m, y, ldy, threads);
-            return 0;
-        default:
-            return -1;
-    }
+    return radixlang::dispatch_format<Q4_0, Q4_1, Q8_0>(format, [&](auto tag) {
+        linear<decltype(tag)::value>(w, n, row_bytes, qx, m, y, ldy, threads);
+    });
 }
 
 // x quantized as the linear quantizes it (for tests): q [m, k] int8, d and s [m, k / 32].
@@ -332,19 +322,7 @@ int radixlang_block32_dequantize(int format, const uint8_t* w, int64_t n, int64_
             dequantize<F>(w, n, k, row_bytes, static_cast<float*>(out), threads);
         }
     };
-    switch (format) {
-        case Q4_0:
-            run(std::integral_constant<int, Q4_0>{});
-            return 0;
-        case Q4_1:
-            run(std::integral_constant<int, Q4_1>{});
-            return 0;
-        case Q8_0:
-            run(std::integral_constant<int, Q8_0>{});
-            return 0;
-        default:
-            return -1;
-    }
+    return radixlang::dispatch_format<Q4_0, Q4_1, Q8_0>(format, run);
 }
 
 }  // extern "C"

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -94,6 +95,15 @@ inline float hsum(__m256 v) {
 }
 
 #endif
+
+// fn(std::integral_constant<int, F>{}) for the F of Formats equal to format: 0, or -1 where
+// none is (a format the kernel does not take).
+template <int... Formats, typename Fn>
+int dispatch_format(int format, Fn&& fn) {
+    const bool found =
+        ((format == Formats ? (fn(std::integral_constant<int, Formats>{}), true) : false) || ...);
+    return found ? 0 : -1;
+}
 
 // The running sum of one (row of x, row of W) pair between passes over K: eight float lanes
 // (the vector kernels' accumulator; scalar code uses lane 0) and a scalar for the terms that

@@ -265,16 +265,7 @@ void dequantize(const uint8_t* w, int64_t n, int64_t k, int64_t row_bytes, Out* 
 
 template <typename Fn>
 int dispatch(int format, Fn&& fn) {
-    switch (format) {
-        case Q4_K:
-            fn(std::integral_constant<int, Q4_K>{});
-            return 0;
-        case Q6_K:
-            fn(std::integral_constant<int, Q6_K>{});
-            return 0;
-        default:
-            return -1;
-    }
+    return radixlang::dispatch_format<Q4_K, Q6_K>(format, fn);
 }
 
 }  // namespace

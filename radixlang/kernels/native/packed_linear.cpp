@@ -463,25 +463,7 @@ void linear(const uint8_t* packed, int64_t n, int64_t k, const QuantizedRows& x,
 
 template <typename Fn>
 int dispatch(int format, Fn&& fn) {
-    switch (format) {
-        case Q4_0:
-            fn(std::integral_constant<int, Q4_0>{});
-            return 0;
-        case Q4_1:
-            fn(std::integral_constant<int, Q4_1>{});
-            return 0;
-        case Q8_0:
-            fn(std::integral_constant<int, Q8_0>{});
-            return 0;
-        case Q4_K:
-            fn(std::integral_constant<int, Q4_K>{});
-            return 0;
-        case Q6_K:
-            fn(std::integral_constant<int, Q6_K>{});
-            return 0;
-        default:
-            return -1;
-    }
+    return radixlang::dispatch_format<Q4_0, Q4_1, Q8_0, Q4_K, Q6_K>(format, fn);
 }
 
 }  // namespace
