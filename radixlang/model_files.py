@@ -326,7 +326,7 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
     what = " to safetensors" if weights else "'s config and tokenizer"
     print(f"radixlang: converting {gguf.name}{what} once", file=sys.stderr, flush=True)
-    with _quiet_transformers(transformers):
+    with _quiet_transformers(transformers), _config_read_fast(gguf):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
         if not weights:
             config = gguf_config(gguf)
@@ -352,12 +352,17 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
 def gguf_config(gguf: Path) -> Any:
     """The transformers config of a ``.gguf`` file: ``AutoConfig`` reading its metadata, with
     what transformers leaves out put back."""
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     from radixlang.gguf_file import GGUFFile
 
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     meta = GGUFFile(gguf)
+    fast = _gguf_config_dict(meta)
+    if fast is not None:
+        config = CONFIG_MAPPING[fast["model_type"]].from_dict(fast)
+        config.name_or_path = str(gguf.parent)
+    else:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     arch = meta.get("general.architecture")
     # transformers maps no head size for qwen2/qwen3 (Qwen3Config then defaults to 128);
     # llama.cpp writes it as the key length where it is not hidden_size / heads.
@@ -369,6 +374,67 @@ def gguf_config(gguf: Path) -> Any:
     if hasattr(config, "attention_bias") and "blk.0.attn_q.bias" in meta.tensors:
         config.attention_bias = True
     return config
+
+
+# Architectures whose config dict is read here, with transformers' own mapping tables applied to
+# the metadata as radixlang's GGUF reader decodes it (0.1 s): transformers' reader takes seconds
+# to parse a large vocabulary's metadata, and a conversion read it twice (the config, then the
+# config again to pick the tokenizer's class). Others take transformers' own path.
+_FAST_CONFIG_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
+
+
+def _gguf_config_dict(meta: Any) -> dict[str, Any] | None:
+    """The config dict transformers' ``load_gguf_checkpoint`` makes of a GGUFFile's metadata
+    (the same keys and values: tests compare the two), or None for another architecture."""
+    from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
+    arch = meta.get("general.architecture")
+    if arch not in _FAST_CONFIG_ARCHS:
+        return None
+    # As transformers: llama.cpp writes mistral models as llama; a file named "mistral" is one.
+    named = "mistral" if arch == "llama" and meta.get("general.name") == "mistral" else arch
+    config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in meta.tensors}
+    for key, value in (GGUF_CONFIG_DEFAULTS_MAPPING.get(named) or {}).items():
+        config.setdefault(key, value)
+    for key in meta.metadata:
+        prefix, _, rest = key.replace(arch, named).partition(".")
+        renamed = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest, -1)
+        if renamed is None or renamed == -1:
+            continue
+        value = meta.get(key)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]  # transformers reads a one-element array as its element
+        if isinstance(value, str) and arch in value:
+            value = value.replace(arch, named)
+        config[renamed] = value
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta.metadata:
+        config["vocab_size"] = len(meta.get("tokenizer.ggml.tokens"))
+    return config
+
+
+@contextlib.contextmanager
+def _config_read_fast(gguf: Path) -> Iterator[None]:
+    """While open, transformers' metadata-only reads of ``gguf`` (AutoTokenizer reads the config
+    to pick the tokenizer's class) get ``_gguf_config_dict``'s config; any other read, and any
+    architecture it does not cover, takes transformers' own path."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from radixlang.gguf_file import GGUFFile
+
+    config = _gguf_config_dict(GGUFFile(gguf))
+    original = gguf_utils.load_gguf_checkpoint
+    target = gguf.resolve()
+
+    def load(path: Any, return_tensors: bool = False, **kwargs: Any) -> dict[str, Any]:
+        if config is not None and not return_tensors and Path(path).resolve() == target:
+            return {"config": dict(config)}
+        return original(path, return_tensors=return_tensors, **kwargs)
+
+    gguf_utils.load_gguf_checkpoint = load
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = original
 
 
 def _save_config_and_tokenizer(config: Any, tokenizer: Any, out: Path) -> None:

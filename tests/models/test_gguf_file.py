@@ -80,3 +80,41 @@ def test_what_is_not_a_gguf_file_is_refused_with_a_reason(tiny, tmp_path):
     short.write_bytes(data[: len(data) - 64])  # the last tensor's bytes cut off
     with pytest.raises(GGUFFormatError, match="runs past the end"):
         GGUFFile(short)
+
+
+# ---- the config and tokenizer read from the metadata ----------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "default"])
+def test_the_config_read_here_is_the_one_transformers_reads(arch, tmp_path, monkeypatch):
+    """gguf_config applies transformers' mapping tables to the metadata as this reader decodes it
+    (transformers' reader takes seconds on a large vocabulary): the same config, key for key."""
+    from radixlang import model_files
+
+    if arch == "default":
+        path = default_model_gguf()
+    else:
+        path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", arch=arch, tie_embeddings=False).path
+    assert model_files._gguf_config_dict(GGUFFile(path)) is not None  # the fast path is taken
+    config = model_files.gguf_config(path)
+    monkeypatch.setattr(model_files, "_FAST_CONFIG_ARCHS", frozenset())  # transformers' path
+    assert model_files._gguf_config_dict(GGUFFile(path)) is None
+    assert config.to_dict() == model_files.gguf_config(path).to_dict() != {}
+
+
+def test_the_tokenizer_converted_with_the_fast_config_is_transformers_own(tmp_path):
+    """The conversion reads the config once, here, and AutoTokenizer picks the same class and
+    builds the same tokenizer from it as from its own read of the file."""
+    from transformers import AutoTokenizer
+
+    from radixlang.model_files import convert_gguf
+
+    path = default_model_gguf()
+    convert_gguf(path, tmp_path / "out", weights=False)
+    ours = AutoTokenizer.from_pretrained(tmp_path / "out")
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    assert type(ours) is type(theirs) and ours.chat_template == theirs.chat_template
+    texts = ["Hello, world!", "<|im_start|>user\nwhat is 2+2?<|im_end|>", "  spaces\tand tabs ü"]
+    for text in texts:
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    assert (ours.bos_token, ours.eos_token) == (theirs.bos_token, theirs.eos_token)
