@@ -294,7 +294,7 @@ int radixlang_block32_bytes(int format) { return block_bytes(format); }
 int radixlang_block32_linear(int format, const uint8_t* w, int64_t n, int64_t k, int64_t row_bytes,
                              const float* x, int64_t m, float* y, int64_t ldy, int threads) {
     QuantizedRows qx;
-    quantize_rows(x, m, k, qx);
+    quantize_rows(x, m, k, qx, threads);
     return radixlang::dispatch_format<Q4_0, Q4_1, Q8_0>(format, [&](auto tag) {
         linear<decltype(tag)::value>(w, n, row_bytes, qx, m, y, ldy, threads);
     });

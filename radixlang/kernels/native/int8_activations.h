@@ -44,7 +44,55 @@ struct QuantizedRows {
     std::vector<int32_t> s, half_s;
 };
 
-inline void quantize_rows(const float* x, int64_t m, int64_t k, QuantizedRows& out) {
+// One 32-element block: d = max|x| / 127, q = round-half-even(x * (1 / d)), and the sums of
+// q's two 16-element halves. The vector code does the scalar code's operations lane by lane
+// (the same roundings), so both match the numpy reference bit for bit.
+inline void quantize_block(const float* src, int8_t* dst, float& d_out, int32_t* half_sums) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax8 = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_loadu_ps(src + 8 * j);
+        amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) {
+        q[j] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (int h = 0; h < 2; ++h) {
+        const __m256i pair = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        half_sums[h] = _mm_cvtsi128_si32(s4);
+    }
+    // packs interleave 128-bit lanes; the permute puts the 4-byte groups back in order.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), ordered);
+    d_out = d;
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(src[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    half_sums[0] = half_sums[1] = 0;
+    for (int j = 0; j < QK; ++j) {
+        const int v = static_cast<int>(std::nearbyint(src[j] * id));
+        dst[j] = static_cast<int8_t>(v);
+        half_sums[j / 16] += v;
+    }
+    d_out = d;
+#endif
+}
+
+inline void quantize_rows(const float* x, int64_t m, int64_t k, QuantizedRows& out, int threads = 1) {
     const int64_t nb = k / QK;
     out.k = k;
     out.nb = nb;
@@ -52,23 +100,13 @@ inline void quantize_rows(const float* x, int64_t m, int64_t k, QuantizedRows& o
     out.d.resize(m * nb);
     out.s.resize(m * nb);
     out.half_s.resize(2 * m * nb);
+    // Rows are contiguous, so block i of the whole array; threads only where there is enough.
+    const int use = m * nb >= 4096 ? threads : 1;
+#pragma omp parallel for schedule(static) num_threads(use)
     for (int64_t i = 0; i < m * nb; ++i) {
-        const float* src = x + i * QK;  // rows are contiguous, so block i of the whole array
-        float amax = 0.0f;
-        for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(src[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum[2] = {0, 0};
-        int8_t* dst = out.q.data() + i * QK;
-        for (int j = 0; j < QK; ++j) {
-            const int v = static_cast<int>(std::nearbyint(src[j] * id));
-            dst[j] = static_cast<int8_t>(v);
-            sum[j / 16] += v;
-        }
-        out.d[i] = d;
-        out.s[i] = sum[0] + sum[1];
-        out.half_s[2 * i] = sum[0];
-        out.half_s[2 * i + 1] = sum[1];
+        int32_t* half = out.half_s.data() + 2 * i;
+        quantize_block(x + i * QK, out.q.data() + i * QK, out.d[i], half);
+        out.s[i] = half[0] + half[1];
     }
 }
 

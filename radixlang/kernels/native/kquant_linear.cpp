@@ -281,7 +281,7 @@ int radixlang_kquant_linear(int format, const uint8_t* w, int64_t n, int64_t k, 
                             const float* x, int64_t m, float* y, int64_t ldy, int threads) {
     if (super_bytes(format) == 0) return -1;
     QuantizedRows qx;
-    quantize_rows(x, m, k, qx);
+    quantize_rows(x, m, k, qx, threads);
     return dispatch(format, [&](auto tag) {
         linear<decltype(tag)::value>(w, n, row_bytes, qx, m, y, ldy, threads);
     });

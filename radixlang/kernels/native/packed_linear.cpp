@@ -508,7 +508,7 @@ int radixlang_packed_linear(int format, const uint8_t* packed, int64_t n, int64_
                             const float* x, int64_t m, float* y, int64_t ldy, int threads) {
     if (radixlang_packed_group_bytes(format, k) == 0) return -1;
     QuantizedRows qx;
-    quantize_rows(x, m, k, qx);
+    quantize_rows(x, m, k, qx, threads);
     return dispatch(format, [&](auto tag) {
         linear<decltype(tag)::value>(packed, n, k, qx, m, y, ldy, threads);
     });
