@@ -54,6 +54,9 @@ constexpr int MR = 4;
 // Rows per task: a thread takes (panel, row block) tasks, panel by panel, so a panel stays in
 // its cache while the rows stream past it.
 constexpr int64_t ROW_BLOCK = 8 * MR;
+// k pairs per pass (PAIRS): the panel's slice (128 x 32 x 2 bfloat16, 16 KB) and a row tile's
+// (12 x 256 bfloat16) stay in L1 while the tiles of a task's rows go by.
+constexpr int64_t PASS_PAIRS = 128;
 
 inline size_t dtype_size(int dtype) { return dtype == F32 ? 4 : 2; }
 
@@ -104,14 +107,19 @@ void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
 #if defined(__AVX512BF16__)
 constexpr bool HAS_PAIRS = true;
 
-// x rows of bfloat16 (ldx elements apart, k even-padded), panel in the PAIRS layout.
+// x rows of bfloat16 (ldx elements apart, k even-padded), panel in the PAIRS layout: adds k
+// pairs [p0, p1) to out (the running sums; a pass over K at a time keeps the panel's slice and
+// the rows' in L1, and storing and reloading the sums between passes changes no bit of them).
 template <int ROWS>
-void tile_pairs(const uint16_t* x, int64_t ldx, int64_t pairs, const void* panel,
+void tile_pairs(const uint16_t* x, int64_t ldx, int64_t p0, int64_t p1, const void* panel,
                 float out[][PANEL]) {
     __m512 acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r][0] = _mm512_loadu_ps(out[r]);
+        acc[r][1] = _mm512_loadu_ps(out[r] + 16);
+    }
     const uint16_t* w = static_cast<const uint16_t*>(panel);
-    for (int64_t i = 0; i < pairs; ++i) {
+    for (int64_t i = p0; i < p1; ++i) {
         const __m512bh lo = (__m512bh)_mm512_loadu_si512(w + i * 2 * PANEL);
         const __m512bh hi = (__m512bh)_mm512_loadu_si512(w + i * 2 * PANEL + 32);
         for (int r = 0; r < ROWS; ++r) {
@@ -228,12 +236,12 @@ void tile_plain_rows(int rows, const float* x, int64_t ldx, int64_t k_total, con
 }
 
 #if defined(RADIXLANG_AVX512) && defined(__AVX512BF16__)
-void tile_pairs_rows(int rows, const uint16_t* x, int64_t ldx, int64_t pairs, const void* panel,
-                     float out[][PANEL]) {
+void tile_pairs_rows(int rows, const uint16_t* x, int64_t ldx, int64_t p0, int64_t p1,
+                     const void* panel, float out[][PANEL]) {
     switch (rows) {
 #define RADIXLANG_ROWS(R) \
     case R:               \
-        return tile_pairs<R>(x, ldx, pairs, panel, out);
+        return tile_pairs<R>(x, ldx, p0, p1, panel, out);
         RADIXLANG_ROWS(1)
         RADIXLANG_ROWS(2)
         RADIXLANG_ROWS(3)
@@ -296,25 +304,36 @@ void run_task(const Problem& p, int64_t panel_index, int64_t m_begin, int64_t m_
     const int64_t n0 = panel_index * PANEL;
     const int width = static_cast<int>(std::min<int64_t>(PANEL, p.n - n0));
     alignas(64) float out[MR][PANEL];
+#if defined(RADIXLANG_AVX512) && defined(__AVX512BF16__)
+    if (p.layout == PAIRS) {
+        alignas(64) float sums[ROW_BLOCK][PANEL] = {};
+        const int64_t pairs = (p.k + 1) / 2;
+        for (int64_t p0 = 0; p0 < pairs; p0 += PASS_PAIRS) {
+            const int64_t p1 = std::min(pairs, p0 + PASS_PAIRS);
+            for (int64_t m0 = m_begin; m0 < m_end; m0 += MR) {
+                const int rows = static_cast<int>(std::min<int64_t>(MR, m_end - m0));
+                const uint16_t* x = static_cast<const uint16_t*>(p.x) + m0 * p.ldx;
+                tile_pairs_rows(rows, x, p.ldx, p0, p1, panel, sums + (m0 - m_begin));
+            }
+        }
+        for (int64_t row = m_begin; row < m_end; ++row) {
+            store_row(p, row, n0, width, sums[row - m_begin]);
+        }
+        return;
+    }
+#endif
     for (int64_t m0 = m_begin; m0 < m_end; m0 += MR) {
         const int rows = static_cast<int>(std::min<int64_t>(MR, m_end - m0));
-        if (p.layout == PAIRS) {
-#if defined(RADIXLANG_AVX512) && defined(__AVX512BF16__)
-            const uint16_t* x = static_cast<const uint16_t*>(p.x) + m0 * p.ldx;
-            tile_pairs_rows(rows, x, p.ldx, (p.k + 1) / 2, panel, out);
-#endif
-        } else {
-            const float* x = static_cast<const float*>(p.x) + m0 * p.ldx;
-            switch (p.w_dtype) {
-                case BF16:
-                    tile_plain_rows<BF16>(rows, x, p.ldx, p.k, panel, out);
-                    break;
-                case F16:
-                    tile_plain_rows<F16>(rows, x, p.ldx, p.k, panel, out);
-                    break;
-                default:
-                    tile_plain_rows<F32>(rows, x, p.ldx, p.k, panel, out);
-            }
+        const float* x = static_cast<const float*>(p.x) + m0 * p.ldx;
+        switch (p.w_dtype) {
+            case BF16:
+                tile_plain_rows<BF16>(rows, x, p.ldx, p.k, panel, out);
+                break;
+            case F16:
+                tile_plain_rows<F16>(rows, x, p.ldx, p.k, panel, out);
+                break;
+            default:
+                tile_plain_rows<F32>(rows, x, p.ldx, p.k, panel, out);
         }
         for (int r = 0; r < rows; ++r) store_row(p, m0 + r, n0, width, out[r]);
     }
