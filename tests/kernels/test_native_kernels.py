@@ -253,8 +253,8 @@ def test_an_older_cpu_class_builds_apart_and_computes_the_same(tmp_path, monkeyp
         # Extends of several queries: the tiled path, built for the class's vector width.
         check_extend_matches_dense(9, 3, 64, 16, torch.bfloat16)
 
-        weight = torch.randn(40, 72).to(torch.bfloat16)
-        x = torch.randn(9, 72).to(torch.bfloat16)
+        weight = torch.randn(40, 300).to(torch.bfloat16)  # K over three passes (of 128)
+        x = torch.randn(9, 300).to(torch.bfloat16)
         packed = invariant_linear.pack(weight, None)
         want = invariant_linear.linear(x, packed)
         for rows in (1, 4, 9):

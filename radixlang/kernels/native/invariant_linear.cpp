@@ -54,13 +54,15 @@ constexpr int MR = 4;
 // Rows per task: a thread takes (panel, row block) tasks, panel by panel, so a panel stays in
 // its cache while the rows stream past it.
 constexpr int64_t ROW_BLOCK = 8 * MR;
-// k pairs per pass (PAIRS): the panel's slice (128 x 32 x 2 bfloat16, 16 KB) and a row tile's
-// (12 x 256 bfloat16) stay in L1 while the tiles of a task's rows go by.
+// K is walked in passes, so that the panel's slice and a row tile's stay in L1 while the tiles
+// of a task's rows go by: 128 k pairs (PAIRS: 16 KB of panel), 128 k (PLAIN: 8-16 KB). The sums
+// are stored and reloaded between passes, which changes no bit of them.
 constexpr int64_t PASS_PAIRS = 128;
+constexpr int64_t PASS_K = 128;
 
 inline size_t dtype_size(int dtype) { return dtype == F32 ? 4 : 2; }
 
-// ---- register tiles: ROWS rows of x against one panel, out[r][0..PANEL) -------------------
+// ---- register tiles: ROWS rows of x against one panel, added to out[r][0..PANEL) ----------
 
 #if defined(RADIXLANG_AVX512)
 
@@ -85,11 +87,14 @@ inline void load_panel_row(const void* panel, int64_t k, __m512& lo, __m512& hi)
 }
 
 template <int ROWS, int WD>
-void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
+void tile_plain(const float* x, int64_t ldx, int64_t k0, int64_t k1, const void* panel,
                 float out[][PANEL]) {
     __m512 acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < k_total; ++k) {
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r][0] = _mm512_loadu_ps(out[r]);
+        acc[r][1] = _mm512_loadu_ps(out[r] + 16);
+    }
+    for (int64_t k = k0; k < k1; ++k) {
         __m512 lo, hi;
         load_panel_row<WD>(panel, k, lo, hi);
         for (int r = 0; r < ROWS; ++r) {
@@ -108,8 +113,7 @@ void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
 constexpr bool HAS_PAIRS = true;
 
 // x rows of bfloat16 (ldx elements apart, k even-padded), panel in the PAIRS layout: adds k
-// pairs [p0, p1) to out (the running sums; a pass over K at a time keeps the panel's slice and
-// the rows' in L1, and storing and reloading the sums between passes changes no bit of them).
+// pairs [p0, p1) to out (the running sums).
 template <int ROWS>
 void tile_pairs(const uint16_t* x, int64_t ldx, int64_t p0, int64_t p1, const void* panel,
                 float out[][PANEL]) {
@@ -169,11 +173,14 @@ inline void load_panel_row(const void* panel, int64_t k, __m256& lo, __m256& hi)
 }
 
 template <int ROWS, int WD>
-void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
+void tile_plain(const float* x, int64_t ldx, int64_t k0, int64_t k1, const void* panel,
                 float out[][PANEL]) {
     __m256 acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < k_total; ++k) {
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r][0] = _mm256_loadu_ps(out[r]);
+        acc[r][1] = _mm256_loadu_ps(out[r] + 8);
+    }
+    for (int64_t k = k0; k < k1; ++k) {
         __m256 lo, hi;
         load_panel_row<WD>(panel, k, lo, hi);
         for (int r = 0; r < ROWS; ++r) {
@@ -193,11 +200,12 @@ constexpr bool HAS_PAIRS = false;
 
 // Portable: one multiply-add per k and lane, in increasing k (never reassociated: see top).
 template <int ROWS, int WD>
-void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
+void tile_plain(const float* x, int64_t ldx, int64_t k0, int64_t k1, const void* panel,
                 float out[][PANEL]) {
     for (int r = 0; r < ROWS; ++r) {
-        float acc[PANEL] = {0};
-        for (int64_t k = 0; k < k_total; ++k) {
+        float acc[PANEL];
+        std::memcpy(acc, out[r], sizeof(acc));
+        for (int64_t k = k0; k < k1; ++k) {
             const float xv = x[r * ldx + k];
             for (int j = 0; j < PANEL; ++j) acc[j] += xv * load(panel, k * PANEL + j, WD);
         }
@@ -207,12 +215,12 @@ void tile_plain(const float* x, int64_t ldx, int64_t k_total, const void* panel,
 #endif
 
 template <int WD>
-void tile_plain_rows(int rows, const float* x, int64_t ldx, int64_t k_total, const void* panel,
-                     float out[][PANEL]) {
+void tile_plain_rows(int rows, const float* x, int64_t ldx, int64_t k0, int64_t k1,
+                     const void* panel, float out[][PANEL]) {
     switch (rows) {
 #define RADIXLANG_ROWS(R) \
     case R:               \
-        return tile_plain<R, WD>(x, ldx, k_total, panel, out);
+        return tile_plain<R, WD>(x, ldx, k0, k1, panel, out);
         RADIXLANG_ROWS(1)
         RADIXLANG_ROWS(2)
         RADIXLANG_ROWS(3)
@@ -303,39 +311,37 @@ void run_task(const Problem& p, int64_t panel_index, int64_t m_begin, int64_t m_
                         panel_index * panel_elements(p) * dtype_size(p.w_dtype);
     const int64_t n0 = panel_index * PANEL;
     const int width = static_cast<int>(std::min<int64_t>(PANEL, p.n - n0));
-    alignas(64) float out[MR][PANEL];
+    alignas(64) float sums[ROW_BLOCK][PANEL] = {};
+    const bool pairs = p.layout == PAIRS;
+    const int64_t steps = pairs ? (p.k + 1) / 2 : p.k;  // k pairs, or k
+    const int64_t pass = pairs ? PASS_PAIRS : PASS_K;
+    for (int64_t s0 = 0; s0 < steps; s0 += pass) {
+        const int64_t s1 = std::min(steps, s0 + pass);
+        for (int64_t m0 = m_begin; m0 < m_end; m0 += MR) {
+            const int rows = static_cast<int>(std::min<int64_t>(MR, m_end - m0));
+            float(*out)[PANEL] = sums + (m0 - m_begin);
+            if (pairs) {
 #if defined(RADIXLANG_AVX512) && defined(__AVX512BF16__)
-    if (p.layout == PAIRS) {
-        alignas(64) float sums[ROW_BLOCK][PANEL] = {};
-        const int64_t pairs = (p.k + 1) / 2;
-        for (int64_t p0 = 0; p0 < pairs; p0 += PASS_PAIRS) {
-            const int64_t p1 = std::min(pairs, p0 + PASS_PAIRS);
-            for (int64_t m0 = m_begin; m0 < m_end; m0 += MR) {
-                const int rows = static_cast<int>(std::min<int64_t>(MR, m_end - m0));
                 const uint16_t* x = static_cast<const uint16_t*>(p.x) + m0 * p.ldx;
-                tile_pairs_rows(rows, x, p.ldx, p0, p1, panel, sums + (m0 - m_begin));
+                tile_pairs_rows(rows, x, p.ldx, s0, s1, panel, out);
+#endif
+                continue;
+            }
+            const float* x = static_cast<const float*>(p.x) + m0 * p.ldx;
+            switch (p.w_dtype) {
+                case BF16:
+                    tile_plain_rows<BF16>(rows, x, p.ldx, s0, s1, panel, out);
+                    break;
+                case F16:
+                    tile_plain_rows<F16>(rows, x, p.ldx, s0, s1, panel, out);
+                    break;
+                default:
+                    tile_plain_rows<F32>(rows, x, p.ldx, s0, s1, panel, out);
             }
         }
-        for (int64_t row = m_begin; row < m_end; ++row) {
-            store_row(p, row, n0, width, sums[row - m_begin]);
-        }
-        return;
     }
-#endif
-    for (int64_t m0 = m_begin; m0 < m_end; m0 += MR) {
-        const int rows = static_cast<int>(std::min<int64_t>(MR, m_end - m0));
-        const float* x = static_cast<const float*>(p.x) + m0 * p.ldx;
-        switch (p.w_dtype) {
-            case BF16:
-                tile_plain_rows<BF16>(rows, x, p.ldx, p.k, panel, out);
-                break;
-            case F16:
-                tile_plain_rows<F16>(rows, x, p.ldx, p.k, panel, out);
-                break;
-            default:
-                tile_plain_rows<F32>(rows, x, p.ldx, p.k, panel, out);
-        }
-        for (int r = 0; r < rows; ++r) store_row(p, m0 + r, n0, width, out[r]);
+    for (int64_t row = m_begin; row < m_end; ++row) {
+        store_row(p, row, n0, width, sums[row - m_begin]);
     }
 }
 
