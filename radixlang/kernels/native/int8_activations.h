@@ -35,6 +35,18 @@ inline float half_at(const uint8_t* p) {
     return static_cast<float>(h);
 }
 
+// Q4_K's sub-block j (0..7) scale and min, from a super-block's 12 bytes of packed 6-bit
+// values (llama.cpp's layout).
+inline void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 // x quantized per row and block: values, scales, the sums of the values, and the sums of each
 // 16-element half (Q6_K's scales cover 16 elements).
 struct QuantizedRows {

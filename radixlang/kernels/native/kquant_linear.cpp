@@ -28,6 +28,7 @@
 namespace {
 
 using radixlang::half_at;
+using radixlang::q4k_scale_min;
 using radixlang::QK;
 using radixlang::quantize_rows;
 using radixlang::PairSum;
@@ -49,16 +50,6 @@ struct SuperScales {
     float scale[2 * SUB];
     float min[SUB];
 };
-
-inline void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
 
 template <int F>
 inline void super_scales(const uint8_t* blk, SuperScales& out) {

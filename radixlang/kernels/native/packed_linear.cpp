@@ -50,6 +50,7 @@
 namespace {
 
 using radixlang::half_at;
+using radixlang::q4k_scale_min;
 using radixlang::QK;
 using radixlang::quantize_rows;
 using radixlang::QuantizedRows;
@@ -79,16 +80,6 @@ constexpr int CHUNK = 4 * G;
 constexpr int values_at(int f) { return f == Q4_1 ? 4 * G : 2 * G; }  // 32-element formats
 constexpr int Q4K_SC = 4 * G, Q4K_M = 12 * G, Q4K_VALUES = 20 * G;
 constexpr int Q6K_SCALES = 2 * G, Q6K_VALUES = 18 * G, Q6K_HALF = 12 * G;
-
-inline void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
 
 // Q6_K's element e (0..255) of a file super-block as unsigned q (0..63), as ggml lays it out.
 inline int q6k_unsigned(const uint8_t* src, int e) {
