@@ -84,9 +84,12 @@ struct Problem {
     float scale;
 };
 
+// An item's kv_head when it covers every head of one query (attend_all_heads: decode).
+constexpr int ALL_HEADS = -1;
+
 struct Item {
     int first_query, num_queries;  // the tile
-    int kv_head;
+    int kv_head;                   // or ALL_HEADS
     int token_begin, token_end;  // the range of cached tokens this item reads
     int split;                   // index of the partial result, -1 when the item is whole
 };
@@ -282,6 +285,117 @@ inline Vec exp_nonpositive(Vec x) {
     return x < lowest ? Vec{} : e;
 }
 
+// One query (decode) against every head of its sequence, outside uniform mode: the item's
+// rows are all `heads` query heads. A token's K (and V) rows of all KV heads lie side by side,
+// so reading them head after head walks memory in order; an item per KV head instead steps a
+// whole token row (often a page) from one token to the next, which the hardware prefetchers do
+// not follow. K and V are converted in registers; chunks of SINGLE_CHUNK tokens span blocks.
+constexpr int SINGLE_CHUNK = 32;
+
+template <int KV_DTYPE>
+inline Vec kv_vec(const void* base, int64_t offset) {
+    if constexpr (KV_DTYPE == F32) {
+        return load_vec(static_cast<const float*>(base) + offset);
+    } else if constexpr (KV_DTYPE == BF16) {
+        typedef uint16_t Bits16 __attribute__((vector_size(VW * 2), aligned(2)));
+        typedef uint32_t Bits32 __attribute__((vector_size(VW * 4)));
+        const Bits16 h = *reinterpret_cast<const Bits16*>(static_cast<const uint16_t*>(base) + offset);
+        const Bits32 bits = __builtin_convertvector(h, Bits32) << 16;
+        Vec out;
+        std::memcpy(&out, &bits, sizeof(out));
+        return out;
+    } else {
+        typedef _Float16 Halves __attribute__((vector_size(VW * 2), aligned(2)));
+        return __builtin_convertvector(
+            *reinterpret_cast<const Halves*>(static_cast<const _Float16*>(base) + offset), Vec);
+    }
+}
+
+inline float vec_sum(Vec v) {
+    float total = 0.0f;
+    for (int i = 0; i < VW; ++i) total += v[i];
+    return total;
+}
+
+template <int KV_DTYPE, int DIM>
+void attend_all_heads(const Problem& p, const Item& item, Partial& r) {
+    static_assert(DIM % VW == 0 && DIM > 0, "whole vectors per head row");
+    constexpr int DIM_VECS = DIM / VW;
+    const int heads = p.heads, group = p.heads / p.kv_heads;
+    const int query = item.first_query;
+    alignas(64) float q[MAX_ROWS * DIM];
+    for (int row = 0; row < heads; ++row) {
+        const int64_t base = (static_cast<int64_t>(query) * heads + row) * DIM;
+        for (int d = 0; d < DIM; ++d) q[row * DIM + d] = load(p.q, base + d, p.q_dtype) * p.scale;
+        r.max[row] = -FLT_MAX;
+        r.sum[row] = 0.0f;
+    }
+    std::fill(r.acc, r.acc + heads * DIM, 0.0f);
+    const int32_t* table = p.block_tables + p.q_seq[query] * p.table_stride;
+    const int64_t token_stride = static_cast<int64_t>(p.kv_heads) * DIM;
+    const int bs = p.block_size;
+    const int lo = std::max(item.token_begin, p.q_start ? p.q_start[query] : 0);
+    const int hi = std::min(item.token_end, p.q_len[query]);
+    alignas(64) float scores[MAX_ROWS][SINGLE_CHUNK + VW];
+    int64_t rows_at[SINGLE_CHUNK];
+    for (int start = lo; start < hi; start += SINGLE_CHUNK) {
+        const int n = std::min(hi - start, SINGLE_CHUNK);
+        for (int j = 0; j < n; ++j) {
+            const int token = start + j;
+            rows_at[j] = (static_cast<int64_t>(table[token / bs]) * bs + token % bs) * token_stride;
+        }
+        for (int j = 0; j < n; ++j) {
+            for (int h = 0; h < p.kv_heads; ++h) {
+                Vec k[DIM_VECS];
+                for (int v = 0; v < DIM_VECS; ++v) k[v] = kv_vec<KV_DTYPE>(p.k_cache, rows_at[j] + h * DIM + v * VW);
+                for (int g = 0; g < group; ++g) {
+                    const int row = h * group + g;
+                    const float* qr = q + row * DIM;
+                    Vec sum = load_vec(qr) * k[0];
+                    for (int v = 1; v < DIM_VECS; ++v) sum += load_vec(qr + v * VW) * k[v];
+                    scores[row][j] = vec_sum(sum);
+                }
+            }
+        }
+        for (int row = 0; row < heads; ++row) {
+            float* w = scores[row];
+            float chunk_max = r.max[row];
+            for (int j = 0; j < n; ++j) chunk_max = std::max(chunk_max, w[j]);
+            if (chunk_max > r.max[row]) {
+                const float factor = std::exp(r.max[row] - chunk_max);
+                r.sum[row] *= factor;
+                float* acc = r.acc + row * DIM;
+                for (int d = 0; d < DIM; ++d) acc[d] *= factor;
+                r.max[row] = chunk_max;
+            }
+            Vec total = Vec{};
+            for (int j = 0; j < n; j += VW) {
+                Vec e = exp_nonpositive(load_vec(w + j) - chunk_max);
+                for (int i = 0; i < VW; ++i) {
+                    if (j + i >= n) e[i] = 0.0f;  // past the chunk: no weight
+                }
+                store_vec(w + j, e);
+                total += e;
+            }
+            r.sum[row] += vec_sum(total);
+        }
+        for (int j = 0; j < n; ++j) {
+            for (int h = 0; h < p.kv_heads; ++h) {
+                Vec v_row[DIM_VECS];
+                for (int v = 0; v < DIM_VECS; ++v) v_row[v] = kv_vec<KV_DTYPE>(p.v_cache, rows_at[j] + h * DIM + v * VW);
+                for (int g = 0; g < group; ++g) {
+                    const int row = h * group + g;
+                    float* acc = r.acc + row * DIM;
+                    const float weight = scores[row][j];
+                    for (int v = 0; v < DIM_VECS; ++v) {
+                        store_vec(acc + v * VW, load_vec(acc + v * VW) + weight * v_row[v]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <int DIM>
 constexpr int output_rows() {  // rows whose outputs fit the registers beside one V row
     constexpr int per_row = DIM / VW;
@@ -414,8 +528,18 @@ void attend_tiled(const Problem& p, const Item& item, Partial& r) {
 }
 
 void write_rows(const Problem& p, const Item& item, const float* sum, const float* acc) {
-    const int group = p.heads / p.kv_heads;
     const int dim = p.dim;
+    if (item.kv_head == ALL_HEADS) {  // rows are the query's heads in order
+        const int64_t base = static_cast<int64_t>(item.first_query) * p.heads * dim;
+        for (int row = 0; row < p.heads; ++row) {
+            const float inv = sum[row] > 0.0f ? 1.0f / sum[row] : 0.0f;
+            for (int d = 0; d < dim; ++d) {
+                store(p.out, base + row * dim + d, p.q_dtype, acc[row * dim + d] * inv);
+            }
+        }
+        return;
+    }
+    const int group = p.heads / p.kv_heads;
     for (int t = 0; t < item.num_queries; ++t) {
         const int query = item.first_query + t;
         for (int g = 0; g < group; ++g) {
@@ -443,7 +567,9 @@ void run_items(const Problem& p, const std::vector<Item>& items, float* partials
             float* buffer = item.split < 0 ? scratch.data() : partials + item.split * stride;
             Partial r = partial_at(buffer, p.dim);
             if constexpr (!UNIFORM && DIM > 0 && DIM % VW == 0) {
-                if (item.num_queries >= TILED_MIN_QUERIES)
+                if (item.kv_head == ALL_HEADS)
+                    attend_all_heads<KV_DTYPE, DIM>(p, item, r);
+                else if (item.num_queries >= TILED_MIN_QUERIES)
                     attend_tiled<KV_DTYPE, DIM>(p, item, r);
                 else
                     attend<KV_DTYPE, DIM, UNIFORM>(p, item, r);
@@ -517,8 +643,13 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
         tiles.emplace_back(i, j - i);
         i = j;
     }
+    // Single queries outside uniform mode (decode) take one item for all their heads, where
+    // the head size is whole vectors of a size the kernels are built for.
+    const bool all_heads =
+        !uniform && (dim == 64 || dim == 128) && dim % VW == 0 && heads <= MAX_ROWS;
+    const int64_t items_per_tile = all_heads ? 1 : kv_heads;
     const bool split = !uniform && split_tokens > 0 &&
-                       static_cast<int64_t>(tiles.size()) * kv_heads < 4LL * threads;
+                       static_cast<int64_t>(tiles.size()) * items_per_tile < 4LL * threads;
     struct Merge {
         int first_query, num_queries, kv_head, first_split, num_splits;
     };
@@ -535,9 +666,11 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
         int parts = 1;
         if (split && n == 1 && length - begin > split_tokens)
             parts = (length - begin + split_tokens - 1) / split_tokens;
-        for (int h = 0; h < kv_heads; ++h) {
+        const bool whole_query = all_heads && n == 1;
+        for (int h = 0; h < (whole_query ? 1 : kv_heads); ++h) {
+            const int kv_head = whole_query ? ALL_HEADS : h;
             if (parts == 1) {
-                items.push_back({first, n, h, begin, length, -1});
+                items.push_back({first, n, kv_head, begin, length, -1});
                 continue;
             }
             // Ranges of whole blocks, so that each item after the first starts on a block
@@ -549,10 +682,10 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
             for (int b = 0; b < blocks; b += per) {
                 const int from = std::max(begin, (first_block + b) * block_size);
                 const int end = std::min(length, (first_block + b + per) * block_size);
-                items.push_back({first, n, h, from, end, num_partials + made});
+                items.push_back({first, n, kv_head, from, end, num_partials + made});
                 ++made;
             }
-            merges.push_back({first, n, h, num_partials, made});
+            merges.push_back({first, n, kv_head, num_partials, made});
             num_partials += made;
         }
     }
@@ -570,7 +703,7 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
     }
     // Merge the split items: rescale each part to the common maximum and add.
     for (const Merge& m : merges) {
-        const int rows = m.num_queries * group;
+        const int rows = m.kv_head == ALL_HEADS ? heads : m.num_queries * group;
         Partial first = partial_at(partials + m.first_split * partial_floats(dim), dim);
         for (int s = 1; s < m.num_splits; ++s) {
             Partial part = partial_at(partials + (m.first_split + s) * partial_floats(dim), dim);
