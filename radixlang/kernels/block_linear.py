@@ -153,6 +153,19 @@ def takes(blocks: RawBlocks) -> bool:
     return bytes_of(blocks.format.ggml_type) == blocks.format.block_bytes
 
 
+def _call(blocks: AnyBlocks, fn: str, *tail: Any) -> None:
+    """The kernel function ``fn`` of ``blocks``' layout and format on ``(format, data, rows,
+    cols[, row stride]) + tail``; the file's layout passes its rows' stride too."""
+    head = (blocks.format.ggml_type, _pointer(blocks.data), blocks.rows, blocks.cols)
+    if isinstance(blocks, PackedBlocks):
+        status = getattr(_packed_library(), f"radixlang_packed_{fn}")(*head, *tail)
+    else:
+        lib, prefix = _door(blocks)
+        status = getattr(lib, f"{prefix}_{fn}")(*head, blocks.data.strides[0], *tail)
+    if status != 0:
+        raise BlockKernelError(f"the block kernel does not take {blocks.format.name}")
+
+
 def _pointer(array: np.ndarray) -> int:
     if not array.flags.c_contiguous:
         raise BlockKernelError("block data must be C-contiguous")
@@ -168,23 +181,7 @@ def linear_into(x: torch.Tensor, blocks: AnyBlocks, out: torch.Tensor) -> None:
             f"x {list(x.shape)} and out {list(out.shape)} do not fit a "
             f"[{blocks.rows}, {blocks.cols}] weight"
         )
-    common = (x.data_ptr(), m, out.data_ptr(), out.stride(0), torch.get_num_threads())
-    if isinstance(blocks, PackedBlocks):
-        status = _packed_library().radixlang_packed_linear(
-            blocks.format.ggml_type, _pointer(blocks.data), blocks.rows, k, *common
-        )
-    else:
-        lib, prefix = _door(blocks)
-        status = getattr(lib, f"{prefix}_linear")(
-            blocks.format.ggml_type,
-            _pointer(blocks.data),
-            blocks.rows,
-            k,
-            blocks.data.strides[0],
-            *common,
-        )
-    if status != 0:
-        raise BlockKernelError(f"the block kernel does not take {blocks.format.name}")
+    _call(blocks, "linear", x.data_ptr(), m, out.data_ptr(), out.stride(0), torch.get_num_threads())
 
 
 def dequantize(blocks: AnyBlocks, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -192,23 +189,8 @@ def dequantize(blocks: AnyBlocks, dtype: torch.dtype = torch.float32) -> torch.T
     other dtypes through float32)."""
     native = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
     out = torch.empty(blocks.rows, blocks.cols, dtype=native)
-    tail = (out.data_ptr(), 1 if native == torch.bfloat16 else 0, torch.get_num_threads())
-    if isinstance(blocks, PackedBlocks):
-        status = _packed_library().radixlang_packed_dequantize(
-            blocks.format.ggml_type, _pointer(blocks.data), blocks.rows, blocks.cols, *tail
-        )
-    else:
-        lib, prefix = _door(blocks)
-        status = getattr(lib, f"{prefix}_dequantize")(
-            blocks.format.ggml_type,
-            _pointer(blocks.data),
-            blocks.rows,
-            blocks.cols,
-            blocks.data.strides[0],
-            *tail,
-        )
-    if status != 0:
-        raise BlockKernelError(f"the block kernel does not take {blocks.format.name}")
+    dtype_code = 1 if native == torch.bfloat16 else 0
+    _call(blocks, "dequantize", out.data_ptr(), dtype_code, torch.get_num_threads())
     return out if native == dtype else out.to(dtype)
 
 
