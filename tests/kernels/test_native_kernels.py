@@ -137,6 +137,42 @@ def test_a_mixed_batch_in_one_call_equals_its_extends_and_decodes_apart(uniform)
     assert kernels.merge_plans(None, decode) is None
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
+@pytest.mark.parametrize("window", [None, 21, 150])
+def test_uniform_mode_gives_a_query_the_same_bits_decoded_or_in_an_extend(
+    heads, kv_heads, head_dim, block_size, window
+):
+    """In uniform mode a query's output depends on its own inputs only: the query at position
+    i of an extend (tiled or all-heads, beside other sequences) gets the bits it gets decoded
+    alone over the same i + 1 tokens, and a decode batch gives each row its bits alone. Rows
+    past 128 tokens are cut into pieces: items of their own when decoded alone, one item's
+    sequence of pieces in the extend's many queries."""
+    prefix_lens, extend_lens = [0, 137, 300], [45, 30, 3]
+    totals = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    case = make_paged_case(totals, kv_heads, head_dim, block_size, torch.bfloat16, seed=13)
+    q = torch.randn(sum(extend_lens), heads, head_dim)  # float32 out: every bit shows
+    extend = native.plan_extend(case.block_tables, prefix_lens, extend_lens, window, uniform=True)
+    together = native.paged_attention(q, case.cache, extend, 0.125)
+    start = 0
+    for row, (p, e) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
+        table = case.block_tables[row : row + 1]
+        for j in (0, 1, e // 2, e - 1):  # the query of the extend seeing p + j + 1 tokens
+            alone = native.plan_decode(table, torch.tensor([p + j + 1]), window, uniform=True)
+            got = native.paged_attention(q[start + j : start + j + 1], case.cache, alone, 0.125)
+            assert torch.equal(got, together[start + j : start + j + 1]), (row, j)
+        start += e
+    # Decode rows of every sequence, alone and as one batch.
+    lens = torch.tensor(totals)
+    batch = native.plan_decode(case.block_tables, lens, window, uniform=True)
+    rows = native.paged_attention(q[:3], case.cache, batch, 0.125)
+    for row in range(3):
+        alone = native.plan_decode(
+            case.block_tables[row : row + 1], lens[row : row + 1], window, uniform=True
+        )
+        got = native.paged_attention(q[row : row + 1], case.cache, alone, 0.125)
+        assert torch.equal(got, rows[row : row + 1]), row
+
+
 def test_float32_queries_over_a_bfloat16_cache():
     lens = [12, 40]
     case = make_paged_case(lens, 2, 16, 16, dtype=torch.bfloat16)

@@ -39,6 +39,7 @@ def folder(tmp_path_factory):
         num_hidden_layers=2,
         num_attention_heads=6,
         num_key_value_heads=2,
+        head_dim=64,  # a size with the native kernel's all-heads path
         max_position_embeddings=1024,
     )
 

@@ -15,10 +15,13 @@
 // mode, where the head size is a whole number of vectors.
 //
 // `uniform` (deterministic inference) makes a query's result a function of its own inputs
-// only: never split (a split depends on the batch), chunks that start on block boundaries
-// (not at the tile's first visible token, which depends on the tile's other queries), and one
-// dot-product loop for every score (the four-token loop and its tail may round differently).
-// A query then gets the same bits in any batch, tile or position, as decode or in an extend.
+// only: never split (a split depends on the batch). Where the all-heads path serves the head
+// size (64, 128), every query is an item of its own, as a decoded query is, with chunks from
+// its own first visible token. Elsewhere queries are tiled with chunks that start on block
+// boundaries (not at the tile's first visible token, which depends on the tile's other
+// queries), and one dot-product loop for every score (the four-token loop and its tail may
+// round differently). A query then gets the same bits in any batch, tile or position, as
+// decode or in an extend.
 //
 // Built by radixlang/kernels/native_build.py with the machine's C++ compiler, loaded with
 // ctypes; OpenMP comes from the runtime torch already loaded (same soname), so this kernel and
@@ -285,12 +288,37 @@ inline Vec exp_nonpositive(Vec x) {
     return x < lowest ? Vec{} : e;
 }
 
-// One query (decode) against every head of its sequence, outside uniform mode: the item's
-// rows are all `heads` query heads. A token's K (and V) rows of all KV heads lie side by side,
-// so reading them head after head walks memory in order; an item per KV head instead steps a
-// whole token row (often a page) from one token to the next, which the hardware prefetchers do
-// not follow. K and V are converted in registers; chunks of SINGLE_CHUNK tokens span blocks.
+// One query (decode; in uniform mode, any query) against every head of its sequence: the
+// item's rows are all `heads` query heads. A token's K (and V) rows of all KV heads lie side by
+// side, so reading them head after head walks memory in order; an item per KV head instead
+// steps a whole token row (often a page) from one token to the next, which the hardware
+// prefetchers do not follow (nor do they when threads share each row by head ranges: each
+// core's prefetcher then fetches the others' halves too). K and V are converted in registers;
+// chunks of SINGLE_CHUNK tokens span blocks.
 constexpr int SINGLE_CHUNK = 32;
+
+// Uniform mode computes a query's tokens in pieces on fixed boundaries (multiples of PIECE),
+// each from fresh softmax statistics, merged left to right by `merge_partial`: the same bits
+// whether one item takes every piece (a batch with work for every thread) or each piece is an
+// item of its own, run on any thread and merged after (a batch too small for that).
+constexpr int PIECE = 4 * SINGLE_CHUNK;
+
+// `into` := `into` merged with `part` over rows [begin, end): both rescaled to the larger
+// maximum and added. Out of line, so that the item loop and the merge after the parallel loop
+// run the same instructions (uniform mode's bits depend on it).
+__attribute__((noinline)) void merge_partial(Partial& into, const Partial& part, int begin,
+                                             int end, int dim) {
+    for (int row = begin; row < end; ++row) {
+        const float top = std::max(into.max[row], part.max[row]);
+        const float a = std::exp(into.max[row] - top);
+        const float b = std::exp(part.max[row] - top);
+        into.sum[row] = into.sum[row] * a + part.sum[row] * b;
+        float* acc = into.acc + row * dim;
+        const float* other = part.acc + row * dim;
+        for (int d = 0; d < dim; ++d) acc[d] = acc[d] * a + other[d] * b;
+        into.max[row] = top;
+    }
+}
 
 template <int KV_DTYPE>
 inline Vec kv_vec(const void* base, int64_t offset) {
@@ -317,12 +345,12 @@ inline float vec_sum(Vec v) {
     return total;
 }
 
+// Every head of `query` over its tokens [lo, hi), from fresh statistics.
 template <int KV_DTYPE, int DIM>
-void attend_all_heads(const Problem& p, const Item& item, Partial& r) {
+void attend_heads(const Problem& p, int query, int lo, int hi, Partial& r) {
     static_assert(DIM % VW == 0 && DIM > 0, "whole vectors per head row");
     constexpr int DIM_VECS = DIM / VW;
     const int heads = p.heads, group = p.heads / p.kv_heads;
-    const int query = item.first_query;
     alignas(64) float q[MAX_ROWS * DIM];
     for (int row = 0; row < heads; ++row) {
         const int64_t base = (static_cast<int64_t>(query) * heads + row) * DIM;
@@ -334,8 +362,6 @@ void attend_all_heads(const Problem& p, const Item& item, Partial& r) {
     const int32_t* table = p.block_tables + p.q_seq[query] * p.table_stride;
     const int64_t token_stride = static_cast<int64_t>(p.kv_heads) * DIM;
     const int bs = p.block_size;
-    const int lo = std::max(item.token_begin, p.q_start ? p.q_start[query] : 0);
-    const int hi = std::min(item.token_end, p.q_len[query]);
     alignas(64) float scores[MAX_ROWS][SINGLE_CHUNK + VW];
     int64_t rows_at[SINGLE_CHUNK];
     for (int start = lo; start < hi; start += SINGLE_CHUNK) {
@@ -392,6 +418,28 @@ void attend_all_heads(const Problem& p, const Item& item, Partial& r) {
                     }
                 }
             }
+        }
+    }
+}
+
+template <int KV_DTYPE, int DIM, bool UNIFORM>
+void attend_all_heads(const Problem& p, const Item& item, Partial& r) {
+    const int query = item.first_query;
+    const int lo = std::max(item.token_begin, p.q_start ? p.q_start[query] : 0);
+    const int hi = std::min(item.token_end, p.q_len[query]);
+    if constexpr (!UNIFORM) {
+        attend_heads<KV_DTYPE, DIM>(p, query, lo, hi, r);
+    } else {
+        int end = std::min(hi, (lo / PIECE + 1) * PIECE);
+        attend_heads<KV_DTYPE, DIM>(p, query, lo, end, r);
+        if (end >= hi) return;
+        thread_local std::vector<float> more;
+        if (static_cast<int64_t>(more.size()) < partial_floats(DIM)) more.resize(partial_floats(DIM));
+        Partial piece = partial_at(more.data(), DIM);
+        for (int from = end; from < hi; from = end) {
+            end = std::min(hi, from + PIECE);
+            attend_heads<KV_DTYPE, DIM>(p, query, from, end, piece);
+            merge_partial(r, piece, 0, p.heads, DIM);
         }
     }
 }
@@ -566,10 +614,10 @@ void run_items(const Problem& p, const std::vector<Item>& items, float* partials
             const Item& item = items[i];
             float* buffer = item.split < 0 ? scratch.data() : partials + item.split * stride;
             Partial r = partial_at(buffer, p.dim);
-            if constexpr (!UNIFORM && DIM > 0 && DIM % VW == 0) {
+            if constexpr (DIM > 0 && DIM % VW == 0) {
                 if (item.kv_head == ALL_HEADS)
-                    attend_all_heads<KV_DTYPE, DIM>(p, item, r);
-                else if (item.num_queries >= TILED_MIN_QUERIES)
+                    attend_all_heads<KV_DTYPE, DIM, UNIFORM>(p, item, r);
+                else if (!UNIFORM && item.num_queries >= TILED_MIN_QUERIES)
                     attend_tiled<KV_DTYPE, DIM>(p, item, r);
                 else
                     attend<KV_DTYPE, DIM, UNIFORM>(p, item, r);
@@ -628,8 +676,13 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
                               int uniform) {
     if (heads % kv_heads != 0 || dim > MAX_DIM || dim <= 0 || block_size <= 0) return -1;
     const int group = heads / kv_heads;
-    const int tile = std::max(1, std::min(TILE, MAX_ROWS / group));
     if (group > MAX_ROWS) return -1;
+    // Single queries (decode, and in uniform mode every query) take one item for all their
+    // heads, where the head size is whole vectors of a size the kernels are built for.
+    const bool all_heads = (dim == 64 || dim == 128) && dim % VW == 0 && heads <= MAX_ROWS;
+    // Uniform mode with all-heads items: every query alone, so that an extend's query is
+    // computed exactly as the same query decoded (chunks from its own first visible token).
+    const int tile = uniform && all_heads ? 1 : std::max(1, std::min(TILE, MAX_ROWS / group));
     Problem p{q,       q_dtype, k_cache, v_cache,  block_tables, table_stride,
               q_seq,   q_len,   q_start, out,      heads,        kv_heads,
               dim,     block_size, scale};
@@ -643,13 +696,9 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
         tiles.emplace_back(i, j - i);
         i = j;
     }
-    // Single queries outside uniform mode (decode) take one item for all their heads, where
-    // the head size is whole vectors of a size the kernels are built for.
-    const bool all_heads =
-        !uniform && (dim == 64 || dim == 128) && dim % VW == 0 && heads <= MAX_ROWS;
     const int64_t items_per_tile = all_heads ? 1 : kv_heads;
-    const bool split = !uniform && split_tokens > 0 &&
-                       static_cast<int64_t>(tiles.size()) * items_per_tile < 4LL * threads;
+    const bool few = static_cast<int64_t>(tiles.size()) * items_per_tile < 4LL * threads;
+    const bool split = !uniform && split_tokens > 0 && few;
     struct Merge {
         int first_query, num_queries, kv_head, first_split, num_splits;
     };
@@ -667,6 +716,18 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
         if (split && n == 1 && length - begin > split_tokens)
             parts = (length - begin + split_tokens - 1) / split_tokens;
         const bool whole_query = all_heads && n == 1;
+        if (uniform && whole_query && few && length - begin > PIECE) {
+            // An item per piece (see PIECE), merged in order below.
+            int made = 0;
+            for (int from = begin; from < length; from = (from / PIECE + 1) * PIECE) {
+                const int end = std::min(length, (from / PIECE + 1) * PIECE);
+                items.push_back({first, 1, ALL_HEADS, from, end, num_partials + made});
+                ++made;
+            }
+            merges.push_back({first, 1, ALL_HEADS, num_partials, made});
+            num_partials += made;
+            continue;
+        }
         for (int h = 0; h < (whole_query ? 1 : kv_heads); ++h) {
             const int kv_head = whole_query ? ALL_HEADS : h;
             if (parts == 1) {
@@ -707,16 +768,7 @@ int radixlang_paged_attention(const void* q, int q_dtype, const void* k_cache,
         Partial first = partial_at(partials + m.first_split * partial_floats(dim), dim);
         for (int s = 1; s < m.num_splits; ++s) {
             Partial part = partial_at(partials + (m.first_split + s) * partial_floats(dim), dim);
-            for (int row = 0; row < rows; ++row) {
-                const float top = std::max(first.max[row], part.max[row]);
-                const float a = std::exp(first.max[row] - top);
-                const float b = std::exp(part.max[row] - top);
-                first.sum[row] = first.sum[row] * a + part.sum[row] * b;
-                float* acc = first.acc + row * dim;
-                const float* other = part.acc + row * dim;
-                for (int d = 0; d < dim; ++d) acc[d] = acc[d] * a + other[d] * b;
-                first.max[row] = top;
-            }
+            merge_partial(first, part, 0, rows, dim);
         }
         Item whole{m.first_query, m.num_queries, m.kv_head, 0, 0, -1};
         write_rows(p, whole, first.sum, first.acc);
