@@ -232,48 +232,63 @@ def _timed(fn: Any) -> float:
 
 # ---- radixlang (in a process of its own) ---------------------------------------------------
 def measure_radixlang(path: Path, batches: list[int], prefills: list[int], steps: int,
-                      deterministic: bool) -> dict[str, Any]:  # fmt: skip
+                      deterministic: bool) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Figures per system: "radixlang", and with ``deterministic`` "radixlang-deterministic"
+    too, both runners in this one process with every measurement interleaved (a prefill or
+    step of one, then of the other): on these shared VMs one process's memory can be 30%
+    slower than another's for the same code, which a ratio across processes would count."""
     import torch
 
     from radixlang.runtime import ModelRunner, SequenceInput
     from radixlang.runtime.dtype_choice import choose_dtype
 
-    start = time.perf_counter()
     per_seq = -(-(max(CONTEXT + steps + 2, *prefills)) // 16)
     blocks = max(batches) * per_seq + 8
-    runner = ModelRunner(str(path), dtype=choose_dtype("auto", "cpu"), num_blocks=blocks,
-                         deterministic=deterministic)  # fmt: skip
-    load_s = time.perf_counter() - start
-    rss_loaded = _peak_rss()
-    out: dict[str, Any] = {
-        "load_s": load_s,
-        "peak_rss_after_load": rss_loaded,
-        "quantization": runner.quantization,
-        "dtype": str(runner.dtype).removeprefix("torch."),
-        "weights_bytes": runner.model.num_parameter_bytes,
-        "prefill_tokens_per_s": {},
-        "decode_ms": {},
-    }
+    modes = {"radixlang": False} | ({"radixlang-deterministic": True} if deterministic else {})
+    runners: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for system, det in modes.items():
+        start = time.perf_counter()
+        runner = runners[system] = ModelRunner(str(path), dtype=choose_dtype("auto", "cpu"),
+                                               num_blocks=blocks, deterministic=det)  # fmt: skip
+        out[system] = {
+            "load_s": time.perf_counter() - start,
+            # The process's peak so far: the second runner's adds the first's.
+            "peak_rss_after_load": _peak_rss(),
+            "quantization": runner.quantization,
+            "dtype": str(runner.dtype).removeprefix("torch."),
+            "weights_bytes": runner.model.num_parameter_bytes,
+            "prefill_tokens_per_s": {},
+            "decode_ms": {},
+        }
+    any_runner = next(iter(runners.values()))
     gen = torch.Generator().manual_seed(0)
     for tokens in prefills:
-        ids = torch.randint(runner.vocab_size, (tokens,), generator=gen).tolist()
-        table = list(range(-(-tokens // 16)))
-        prompt = [SequenceInput(ids, 0, table)]
-        times = [_timed(lambda p=prompt: runner.forward(p)) for _ in range(2)]
-        out["prefill_tokens_per_s"][str(tokens)] = tokens / min(times)
+        ids = torch.randint(any_runner.vocab_size, (tokens,), generator=gen).tolist()
+        prompt = [SequenceInput(ids, 0, list(range(-(-tokens // 16))))]
+        times: dict[str, list[float]] = {system: [] for system in runners}
+        for _ in range(2):
+            for system, runner in runners.items():
+                times[system].append(_timed(lambda r=runner, p=prompt: r.forward(p)))
+        for system in runners:
+            out[system]["prefill_tokens_per_s"][str(tokens)] = tokens / min(times[system])
     for batch in batches:
         tables = [list(range(b * per_seq, (b + 1) * per_seq)) for b in range(batch)]
-        ids = torch.randint(runner.vocab_size, (CONTEXT,), generator=gen).tolist()
-        runner.forward([SequenceInput(ids, 0, tables[0])])
-        for b in range(1, batch):
-            for src, dst in zip(tables[0], tables[b], strict=True):
-                runner.copy_block(src, dst, 16)
-        times = []
+        ids = torch.randint(any_runner.vocab_size, (CONTEXT,), generator=gen).tolist()
+        for runner in runners.values():
+            runner.forward([SequenceInput(ids, 0, tables[0])])
+            for b in range(1, batch):
+                for src, dst in zip(tables[0], tables[b], strict=True):
+                    runner.copy_block(src, dst, 16)
+        times = {system: [] for system in runners}
         for step in range(steps + 1):
             seqs = [SequenceInput([7 + b], CONTEXT + step, tables[b]) for b in range(batch)]
-            times.append(_timed(lambda seqs=seqs: runner.forward(seqs)))
-        out["decode_ms"][str(batch)] = statistics.median(times[1:]) * 1000
-    out["peak_rss"] = _peak_rss()
+            for system, runner in runners.items():
+                times[system].append(_timed(lambda r=runner, s=seqs: r.forward(s)))
+        for system in runners:
+            out[system]["decode_ms"][str(batch)] = statistics.median(times[system][1:]) * 1000
+    for system in runners:
+        out[system]["peak_rss"] = _peak_rss()
     return out
 
 
@@ -349,6 +364,19 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def deterministic_ratios(systems: dict[str, Any]) -> dict[str, float]:
+    """Deterministic mode's time over the default's (same process, interleaved): per prefill
+    length ("prefill 512") and decode batch ("decode b8")."""
+    default, det = systems["radixlang"], systems["radixlang-deterministic"]
+    ratios = {
+        f"prefill {n}": default["prefill_tokens_per_s"][n] / det["prefill_tokens_per_s"][n]
+        for n in default["prefill_tokens_per_s"]
+    }
+    ratios |= {f"decode b{b}": det["decode_ms"][b] / default["decode_ms"][b]
+               for b in default["decode_ms"]}  # fmt: skip
+    return {name: round(value, 3) for name, value in ratios.items()}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -457,24 +485,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "weight_bytes_per_step": step_bytes,
                 "floor_ms": step_bytes / bandwidth * 1000, "systems": {},
             }  # fmt: skip
-            systems = [("radixlang", False)]
-            if args.deterministic:
-                systems.append(("radixlang-deterministic", True))
-            if binary is not None:
-                systems.append(("llama-server", False))
-            for system, deterministic in systems:
+            kinds = ["radixlang"] + (["llama-server"] if binary is not None else [])
+            for worker_kind in kinds:
                 worker = argparse.Namespace(**vars(args))
-                worker.worker_kind = "llama-server" if system == "llama-server" else "radixlang"
-                worker.gguf_path, worker.worker_deterministic = path, deterministic
+                worker.worker_kind, worker.gguf_path = worker_kind, path
                 worker.llama_server = binary
+                worker.worker_deterministic = args.deterministic and worker_kind == "radixlang"
                 figures = run_worker(worker)
-                figures["decode_x_floor"] = {
-                    b: ms / case["floor_ms"] for b, ms in figures["decode_ms"].items()
-                }
-                case["systems"][system] = figures
-                print(f"{shape} {kind} {system}: load {figures['load_s']:.1f} s, prefill "
-                      f"{figures['prefill_tokens_per_s']}, decode ms {figures['decode_ms']} "
-                      f"(floor {case['floor_ms']:.1f} ms)", file=sys.stderr)  # fmt: skip
+                by_system = figures if worker_kind == "radixlang" else {worker_kind: figures}
+                for system, numbers in by_system.items():
+                    numbers["decode_x_floor"] = {
+                        b: ms / case["floor_ms"] for b, ms in numbers["decode_ms"].items()
+                    }
+                    case["systems"][system] = numbers
+                    print(f"{shape} {kind} {system}: load {numbers['load_s']:.1f} s, prefill "
+                          f"{numbers['prefill_tokens_per_s']}, decode ms {numbers['decode_ms']} "
+                          f"(floor {case['floor_ms']:.1f} ms)", file=sys.stderr)  # fmt: skip
+            if "radixlang-deterministic" in case["systems"]:
+                case["deterministic_over_default"] = deterministic_ratios(case["systems"])
+                print(f"{shape} {kind} deterministic / default time: "
+                      f"{case['deterministic_over_default']}", file=sys.stderr)  # fmt: skip
             result["cases"].append(case)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -133,10 +133,11 @@ def test_bench_memory_writes_json_and_plot(tmp_path):
 
 def test_bench_scale_writes_json_and_plot(tmp_path):
     """A tiny shape written as random Q4_0 blocks, measured in a process of its own (radixlang
-    alone: llama-server is not built in CI)."""
+    alone: llama-server is not built in CI), deterministic mode beside the default in it."""
     bench = load("bench_scale")
     args = ["--shapes", "tiny", "--types", "q4_0", "--batches", "1", "2", "--prefills", "32"]
     args += ["--steps", "2", "--no-llama-server", "--models", str(tmp_path / "models")]
+    args += ["--deterministic"]
     bench.main([*args, "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "bench_scale.json").read_text())
     (case,) = saved["cases"]
@@ -144,6 +145,11 @@ def test_bench_scale_writes_json_and_plot(tmp_path):
     figures = case["systems"]["radixlang"]
     assert figures["quantization"] == "gguf"  # served from the file's blocks
     assert set(figures["decode_ms"]) == {"1", "2"} and figures["prefill_tokens_per_s"]["32"] > 0
+    det = case["systems"]["radixlang-deterministic"]
+    assert set(det["decode_ms"]) == {"1", "2"} and det["prefill_tokens_per_s"]["32"] > 0
+    ratios = case["deterministic_over_default"]
+    assert set(ratios) == {"prefill 32", "decode b1", "decode b2"}
+    assert ratios["decode b2"] == round(det["decode_ms"]["2"] / figures["decode_ms"]["2"], 3)
     # The step's bytes: every layer's matrices at Q4_0's 18 bytes per 32 weights, and the
     # tied output layer (the token embedding).
     shape = bench.SHAPES["tiny"]
