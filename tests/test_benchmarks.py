@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from bench_module import load
 
 
@@ -157,5 +158,12 @@ def test_bench_scale_writes_json_and_plot(tmp_path):
     per_layer = hidden * (hidden + 2 * kv * hidden // heads) + hidden * hidden + 3 * hidden * inter
     weights = shape["layers"] * per_layer + shape["vocab"] * hidden
     assert case["weight_bytes_per_step"] == weights // 32 * 18
-    assert saved["machine"]["bandwidth_gb_s"] > 0
+    # The floor: the step's bytes over the highest bandwidth of the run's samples.
+    samples = saved["machine"]["bandwidth_samples_gb_s"]
+    assert len(samples) == 2 and saved["machine"]["bandwidth_gb_s"] == pytest.approx(
+        max(samples), abs=0.01
+    )
+    floor = case["weight_bytes_per_step"] / (saved["machine"]["bandwidth_gb_s"] * 1e9) * 1000
+    assert case["floor_ms"] == pytest.approx(floor)
+    assert figures["decode_x_floor"]["2"] == pytest.approx(figures["decode_ms"]["2"] / floor)
     assert (tmp_path / "bench_scale.png").stat().st_size > 0
