@@ -5,6 +5,11 @@ matmuls 2-3x slower than oneDNN with a weight reordered once at load time (the l
 own compiler uses for frozen CPU models). ``Linear`` uses that path when torch has it, checks it
 once against ``F.linear``, and otherwise (GPUs, builds without oneDNN, ``RADIXLANG_ONEDNN=0``)
 calls ``F.linear``.
+
+oneDNN's bfloat16 path is slow at a few rows on CPUs with AVX-512 BF16 but no AMX (it streamed
+about 19 GB/s where the machine reads 30-50): there a small model's bfloat16 linears also keep
+the batch-invariant kernel's packing and take it for batches of up to ``SMALL_BATCH_ROWS`` rows
+(``small_batch_kernel``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,18 @@ import torch.nn.functional as F
 
 from radixlang import kernels
 from radixlang.kernels import invariant_linear, native_linear
+from radixlang.runtime.dtype_choice import CPUINFO, cpu_flags
 
 PACKING_BATCH_HINT = 32
+# Rows up to which a small model's bfloat16 linear takes the invariant kernel (see the top).
+# Measured on a 2-core Zen 4 (avx512_bf16, no AMX), a step's linears, oneDNN against the
+# invariant kernel: SmolLM2-135M's 11.4 / 8.3 ms at 1 row, 11.9 / 8.4 at 8, 23.0 / 21.8 at 32,
+# 71.5 / 73.8 at 128; SmolLM2-1.7B's 123 / 101 at 1, 124 / 107 at 8, 270 / 334 at 32.
+SMALL_BATCH_ROWS = 16
+# Models whose float linears hold at most this many bytes keep the second packing: it doubles
+# their weights' memory, which matters for a 1.7B model's 3.4 GB and not for a 135M model's 0.27.
+SMALL_BATCH_MODEL_BYTES = 1 << 30
+SMALL_BATCH_ENV = "RADIXLANG_SMALL_BATCH_KERNEL"  # "0": never
 
 
 @functools.cache
@@ -36,13 +51,37 @@ def onednn_linear_available(dtype: torch.dtype) -> bool:
     return bool(torch.allclose(got.float(), F.linear(x, weight).float(), atol=1e-2))
 
 
-class Linear:
-    """``y = x @ weight.T + bias`` for ``weight`` ``[out, in]``."""
+def small_batch_kernel(dtype: torch.dtype, model_bytes: int, cpuinfo: str | None = None) -> bool:
+    """Whether a model whose float linears hold ``model_bytes`` of ``dtype`` weights on the CPU
+    keeps the invariant kernel's packing for small batches (see the top): bfloat16, a CPU with
+    AVX-512 BF16 and no AMX, the kernel built, and a model small enough."""
+    if os.environ.get(SMALL_BATCH_ENV, "1") == "0" or dtype != torch.bfloat16:
+        return False
+    if model_bytes > SMALL_BATCH_MODEL_BYTES:
+        return False
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text(errors="replace")
+        except OSError:
+            return False
+    flags = cpu_flags(cpuinfo)
+    return "avx512_bf16" in flags and "amx_bf16" not in flags and invariant_linear.available()
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+
+class Linear:
+    """``y = x @ weight.T + bias`` for ``weight`` ``[out, in]``; ``small_batch``: batches of up
+    to ``SMALL_BATCH_ROWS`` rows take the invariant kernel (a second packing of the weight)."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, small_batch: bool = False
+    ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.num_bytes = weight.numel() * weight.element_size()
+        self.small: invariant_linear.PackedWeight | None = None
+        if small_batch and weight.device.type == "cpu":
+            self.small = invariant_linear.pack(weight, bias)
+            self.num_bytes += self.small.packed.numel() * self.small.packed.element_size()
         self.onednn = weight.device.type == "cpu" and onednn_linear_available(weight.dtype)
         # The packed copy replaces the plain weight, so memory is not doubled. The batch-size
         # hint picks the packed layout: 1 measured up to 1.8x slower in float32 than 8 or more,
@@ -54,6 +93,8 @@ class Linear:
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+            return invariant_linear.linear(x, self.small)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -131,12 +172,16 @@ def make_linear(
     bias: torch.Tensor | None = None,
     quantization: str = "none",
     deterministic: bool = False,
+    small_batch: bool = False,
 ) -> Linear | Int8Linear | InvariantLinear:
     """A linear layer holding ``weight`` as ``quantization`` says (``"none"``: as given);
     ``deterministic``: one whose rows do not depend on the batch (the int8 kernel's rows do
-    not: each is summed in k order by the same tile code at every batch size)."""
+    not: each is summed in k order by the same tile code at every batch size); ``small_batch``:
+    a float ``Linear`` also takes the invariant kernel for small batches."""
     if quantization == "none":
-        return InvariantLinear(weight, bias) if deterministic else Linear(weight, bias)
+        if deterministic:
+            return InvariantLinear(weight, bias)
+        return Linear(weight, bias, small_batch)
     if quantization == "int8":
         if weight.device.type != "cpu":
             raise ValueError("int8 quantization runs on CPUs only")

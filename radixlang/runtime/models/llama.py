@@ -22,7 +22,13 @@ from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
 from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
-from radixlang.runtime.models.linear import Int8Linear, InvariantLinear, Linear, make_linear
+from radixlang.runtime.models.linear import (
+    Int8Linear,
+    InvariantLinear,
+    Linear,
+    make_linear,
+    small_batch_kernel,
+)
 from radixlang.runtime.models.rope import RopeTable, apply_rotary, cos_sin, inverse_frequencies
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -50,6 +56,13 @@ class LlamaArch:
     # Per layer: the sliding window (the token at position p sees p - W + 1 .. p), or None
     # for full attention. Empty means full attention everywhere.
     layer_windows: tuple[int | None, ...] = ()
+
+    @property
+    def linear_weights(self) -> int:
+        """Weights in the model's linear layers, the output layer included."""
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = self.hidden_size * (2 * q_width + 2 * kv_width + 3 * self.intermediate_size)
+        return self.num_layers * per_layer + self.vocab_size * self.hidden_size
 
     @classmethod
     def from_config(cls, config: Any) -> LlamaArch:
@@ -252,6 +265,13 @@ class LlamaForCausalLM:
     ) -> LlamaForCausalLM:
         arch = LlamaArch.from_config(config)
         device = torch.device(device)
+        # Float linears of a small model keep the invariant kernel for small batches too.
+        small_batch = (
+            device.type == "cpu"
+            and not deterministic
+            and quantization in ("none", "gguf")
+            and small_batch_kernel(dtype, arch.linear_weights * dtype.itemsize)
+        )
 
         def load(name: str) -> torch.Tensor:
             return weights.get(name).to(device=device, dtype=dtype).contiguous()
@@ -280,7 +300,7 @@ class LlamaForCausalLM:
                     return layer
             weight = torch.cat([load(n) for n in names]) if len(names) > 1 else load(names[0])
             kind = "none" if quantization == "gguf" else quantization
-            return make_linear(weight, bias, kind, deterministic)
+            return make_linear(weight, bias, kind, deterministic, small_batch)
 
         layers = []
         for i in range(arch.num_layers):
@@ -323,7 +343,11 @@ class LlamaForCausalLM:
                 weights.release(head)
         else:
             shared = tied and isinstance(embed, torch.Tensor)
-            lm_head = make_linear(embed if shared else load(head), deterministic=deterministic)  # type: ignore[arg-type]
+            lm_head = make_linear(
+                embed if shared else load(head),  # type: ignore[arg-type]
+                deterministic=deterministic,
+                small_batch=small_batch,
+            )
         return cls(arch, embed, layers, load("model.norm.weight"), lm_head, deterministic)
 
     @property
