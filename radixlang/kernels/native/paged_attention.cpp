@@ -350,6 +350,10 @@ template <int KV_DTYPE, int DIM>
 void attend_heads(const Problem& p, int query, int lo, int hi, Partial& r) {
     static_assert(DIM % VW == 0 && DIM > 0, "whole vectors per head row");
     constexpr int DIM_VECS = DIM / VW;
+    // Rows of one KV head's group whose outputs stay in registers (half of them), and tokens
+    // added before they are stored.
+    constexpr int V_ROWS = (VREGS / 2) / DIM_VECS > 0 ? (VREGS / 2) / DIM_VECS : 1;
+    constexpr int V_TOKENS = 4;
     const int heads = p.heads, group = p.heads / p.kv_heads;
     alignas(64) float q[MAX_ROWS * DIM];
     for (int row = 0; row < heads; ++row) {
@@ -405,17 +409,37 @@ void attend_heads(const Problem& p, int query, int lo, int hi, Partial& r) {
             }
             r.sum[row] += vec_sum(total);
         }
-        for (int j = 0; j < n; ++j) {
+        // Outputs: V_TOKENS tokens at a time, each row's output held in registers across them
+        // (stored once per V_TOKENS tokens, not once per token); a row still adds its tokens
+        // one by one in order.
+        for (int j0 = 0; j0 < n; j0 += V_TOKENS) {
+            const int tokens = std::min(V_TOKENS, n - j0);
             for (int h = 0; h < p.kv_heads; ++h) {
-                Vec v_row[DIM_VECS];
-                for (int v = 0; v < DIM_VECS; ++v) v_row[v] = kv_vec<KV_DTYPE>(p.v_cache, rows_at[j] + h * DIM + v * VW);
-                for (int g = 0; g < group; ++g) {
-                    const int row = h * group + g;
-                    float* acc = r.acc + row * DIM;
-                    const float weight = scores[row][j];
-                    for (int v = 0; v < DIM_VECS; ++v) {
-                        store_vec(acc + v * VW, load_vec(acc + v * VW) + weight * v_row[v]);
+                for (int g0 = 0; g0 < group; g0 += V_ROWS) {
+                    const int rows = std::min(V_ROWS, group - g0);
+                    const int row0 = h * group + g0;
+                    Vec a[V_ROWS][DIM_VECS];
+#pragma GCC unroll 16
+                    for (int i = 0; i < V_ROWS; ++i)
+#pragma GCC unroll 16
+                        for (int v = 0; v < DIM_VECS; ++v)
+                            a[i][v] = i < rows ? load_vec(r.acc + (row0 + i) * DIM + v * VW) : Vec{};
+                    for (int t = 0; t < tokens; ++t) {
+                        const int64_t at = rows_at[j0 + t] + h * DIM;
+#pragma GCC unroll 16
+                        for (int v = 0; v < DIM_VECS; ++v) {
+                            const Vec v_row = kv_vec<KV_DTYPE>(p.v_cache, at + v * VW);
+#pragma GCC unroll 16
+                            for (int i = 0; i < V_ROWS; ++i)
+                                if (i < rows) a[i][v] = a[i][v] + scores[row0 + i][j0 + t] * v_row;
+                        }
                     }
+#pragma GCC unroll 16
+                    for (int i = 0; i < V_ROWS; ++i)
+                        if (i < rows)
+#pragma GCC unroll 16
+                            for (int v = 0; v < DIM_VECS; ++v)
+                                store_vec(r.acc + (row0 + i) * DIM + v * VW, a[i][v]);
                 }
             }
         }
