@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from radixlang import kernels
 from radixlang.kernels import block_linear as block_kernel
+from radixlang.kernels.rms_norm import add_rms_norm
 from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
@@ -384,8 +385,11 @@ class LlamaForCausalLM:
             residual = F.embedding(batch.input_ids, self.embed)
         else:
             residual = self.embed(batch.input_ids)
+        # Each branch's output is added to the residual stream by the norm that follows it (one
+        # native call on CPUs, in place): the MLP's by the next layer's input norm.
+        pending: torch.Tensor | None = None
         for i, layer in enumerate(self.layers):
-            normed = _rms_norm(residual, layer.input_norm, eps)
+            normed = add_rms_norm(residual, pending, layer.input_norm, eps)
             qkv = layer.qkv(normed)
             v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
             if layer.q_norm is None:
@@ -406,10 +410,13 @@ class LlamaForCausalLM:
             if plan is None:
                 plan = plans[window] = _AttentionPlans.build(batch, cache, q, window, deterministic)
             attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, plan)
-            residual = residual + layer.o(attn.view(tokens, q_width))
-            normed = _rms_norm(residual, layer.post_norm, eps)
+            normed = add_rms_norm(
+                residual, layer.o(attn.view(tokens, q_width)), layer.post_norm, eps
+            )
             gate, up = layer.gate_up(normed).chunk(2, dim=-1)
-            residual = residual + layer.down(F.silu(gate) * up)
+            pending = layer.down(F.silu(gate) * up)
+        if pending is not None:
+            residual.add_(pending)
         last = _rms_norm(residual.index_select(0, logit_rows), self.norm, eps)
         return self.lm_head(last).float()
 
