@@ -77,6 +77,7 @@ def _packed_library() -> ctypes.CDLL:
             "group_bytes": ([_I, _I64], _I64),
             "pack": ([_I, _P, _I64, _I64, _I64, _P, _I], _I),
             "linear": ([_I, _P, _I64, _I64, _P, _I64, _P, _I64, _I], _I),
+            "linear_bf16": ([_I, _P, _I64, _I64, _P, _I64, _P, _I64, _I], _I),
             "dequantize": ([_I, _P, _I64, _I64, _P, _I, _I], _I),
         },
     )
@@ -173,15 +174,23 @@ def _pointer(array: np.ndarray) -> int:
 
 
 def linear_into(x: torch.Tensor, blocks: AnyBlocks, out: torch.Tensor) -> None:
-    """``out[:, :] = x @ W.T`` for ``x`` float32 ``[m, k]`` (contiguous) and ``out`` a float32
-    ``[m, n]`` view whose rows may be strided (a slice of a wider output's columns)."""
+    """``out[:, :] = x @ W.T`` for ``x`` ``[m, k]`` (contiguous) and ``out`` an ``[m, n]`` view
+    whose rows may be strided (a slice of a wider output's columns): both float32, or for
+    packed blocks both bfloat16 (the same products, converted in the kernel)."""
     m, k = x.shape
     if k != blocks.cols or out.shape != (m, blocks.rows) or out.stride(1) != 1:
         raise BlockKernelError(
             f"x {list(x.shape)} and out {list(out.shape)} do not fit a "
             f"[{blocks.rows}, {blocks.cols}] weight"
         )
-    _call(blocks, "linear", x.data_ptr(), m, out.data_ptr(), out.stride(0), torch.get_num_threads())
+    fn = "linear"
+    if x.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
+        if not isinstance(blocks, PackedBlocks):
+            raise BlockKernelError("bfloat16 activations need packed blocks")
+        fn = "linear_bf16"
+    elif x.dtype != torch.float32 or out.dtype != torch.float32:
+        raise BlockKernelError(f"x {x.dtype} and out {out.dtype}: float32 or bfloat16 both")
+    _call(blocks, fn, x.data_ptr(), m, out.data_ptr(), out.stride(0), torch.get_num_threads())
 
 
 def dequantize(blocks: AnyBlocks, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -288,6 +288,26 @@ def test_the_packed_kernel_matches_the_reference(kernel, name, rows, cols, batch
 
 
 @pytest.mark.parametrize("name", PACKED)
+@pytest.mark.parametrize("batch", [1, 5, 70])
+def test_bfloat16_rows_give_the_float32_call_rounded(kernel, name, batch):
+    """Packed blocks take bfloat16 x and out: the float32 call's results rounded to nearest
+    even, bit for bit, into a strided view; the file's layout refuses them."""
+    blocks = random_blocks(name, 21, 512, seed=batch)
+    packed = block_linear.pack(blocks)
+    x = torch.randn(batch, 512, generator=torch.Generator().manual_seed(batch)).to(torch.bfloat16)
+    want = torch.empty(batch, 21)
+    block_linear.linear_into(x.float(), packed, want)
+    wide = torch.zeros(batch, 30, dtype=torch.bfloat16)
+    block_linear.linear_into(x, packed, wide[:, 4:25])
+    assert torch.equal(wide[:, 4:25], want.to(torch.bfloat16))
+    assert not wide[:, :4].any() and not wide[:, 25:].any()
+    with pytest.raises(block_linear.BlockKernelError, match="packed"):
+        block_linear.linear_into(x, blocks, torch.empty(batch, 21, dtype=torch.bfloat16))
+    with pytest.raises(block_linear.BlockKernelError, match="both"):
+        block_linear.linear_into(x, packed, torch.empty(batch, 21))
+
+
+@pytest.mark.parametrize("name", PACKED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packing_keeps_every_value(kernel, name, dtype):
     blocks = random_blocks(name, 13, 512, seed=12)

@@ -433,9 +433,10 @@ void group_against_all(const uint8_t* grp, const QuantizedRows& x, int64_t m, fl
 
 static_assert(radixlang::PASS_BLOCKS % SUB == 0, "passes end on super-block boundaries");
 
+// y's rows are float32 or bfloat16 (y_dtype), `ldy` elements apart.
 template <int F>
 void linear(const uint8_t* packed, int64_t n, int64_t k, const QuantizedRows& x, int64_t m,
-            float* y, int64_t ldy, int threads) {
+            void* y, int y_dtype, int64_t ldy, int threads) {
     const int64_t groups = (n + G - 1) / G;
     const int64_t group_bytes = k / block_elems(F) * packed_bytes(F);
 #pragma omp parallel num_threads(threads)
@@ -446,7 +447,12 @@ void linear(const uint8_t* packed, int64_t n, int64_t k, const QuantizedRows& x,
             group_against_all<F>(packed + g * group_bytes, x, m, sums.data());
             const int rows = static_cast<int>(std::min<int64_t>(G, n - g * G));
             for (int64_t t = 0; t < m; ++t) {
-                std::memcpy(y + t * ldy + g * G, sums.data() + t * G, rows * sizeof(float));
+                const int64_t at = t * ldy + g * G;
+                if (y_dtype == radixlang::F32) {
+                    std::memcpy(static_cast<float*>(y) + at, sums.data() + t * G, rows * sizeof(float));
+                } else {
+                    for (int r = 0; r < rows; ++r) radixlang::store(y, at + r, y_dtype, sums[t * G + r]);
+                }
             }
         }
     }
@@ -501,7 +507,25 @@ int radixlang_packed_linear(int format, const uint8_t* packed, int64_t n, int64_
     QuantizedRows qx;
     quantize_rows(x, m, k, qx, threads);
     return dispatch(format, [&](auto tag) {
-        linear<decltype(tag)::value>(packed, n, k, qx, m, y, ldy, threads);
+        linear<decltype(tag)::value>(packed, n, k, qx, m, y, radixlang::F32, ldy, threads);
+    });
+}
+
+// The same for bfloat16 x [m, k] and y: x widened (exactly) and y rounded to nearest even here,
+// as torch's conversions around the float32 call would, without their two tensor ops a call.
+int radixlang_packed_linear_bf16(int format, const uint8_t* packed, int64_t n, int64_t k,
+                                 const uint16_t* x, int64_t m, uint16_t* y, int64_t ldy,
+                                 int threads) {
+    if (radixlang_packed_group_bytes(format, k) == 0) return -1;
+    thread_local std::vector<float> wide;
+    wide.resize(m * k);
+    const int use = m * k >= (1 << 16) ? threads : 1;
+#pragma omp parallel for schedule(static) num_threads(use)
+    for (int64_t i = 0; i < m * k; ++i) wide[i] = radixlang::bf16_to_float(x[i]);
+    QuantizedRows qx;
+    quantize_rows(wide.data(), m, k, qx, threads);
+    return dispatch(format, [&](auto tag) {
+        linear<decltype(tag)::value>(packed, n, k, qx, m, y, radixlang::BF16, ldy, threads);
     });
 }
 
