@@ -519,11 +519,12 @@ int radixlang_packed_linear_bf16(int format, const uint8_t* packed, int64_t n, i
     if (radixlang_packed_group_bytes(format, k) == 0) return -1;
     thread_local std::vector<float> wide;
     wide.resize(m * k);
+    float* into = wide.data();  // the calling thread's buffer (each thread has its own `wide`)
     const int use = m * k >= (1 << 16) ? threads : 1;
 #pragma omp parallel for schedule(static) num_threads(use)
-    for (int64_t i = 0; i < m * k; ++i) wide[i] = radixlang::bf16_to_float(x[i]);
+    for (int64_t i = 0; i < m * k; ++i) into[i] = radixlang::bf16_to_float(x[i]);
     QuantizedRows qx;
-    quantize_rows(wide.data(), m, k, qx, threads);
+    quantize_rows(into, m, k, qx, threads);
     return dispatch(format, [&](auto tag) {
         linear<decltype(tag)::value>(packed, n, k, qx, m, y, radixlang::BF16, ldy, threads);
     });
