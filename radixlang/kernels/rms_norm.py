@@ -51,11 +51,16 @@ def _native(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Te
 
 
 def add_rms_norm(
-    residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    residual: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    native: bool = True,
 ) -> torch.Tensor:
     """``residual += delta`` (in place; skipped for None), then the RMSNorm of ``residual``
-    times ``weight``: ``[rows, cols]`` rows, ``weight`` ``[cols]``."""
-    if not _native(residual, delta, weight):
+    times ``weight``: ``[rows, cols]`` rows, ``weight`` ``[cols]``. ``native=False``: torch's
+    ops, bit for bit F.rms_norm."""
+    if not (native and _native(residual, delta, weight)):
         if delta is not None:
             residual.add_(delta)
         return F.rms_norm(residual, weight.shape, weight, eps)

@@ -55,3 +55,15 @@ def test_other_inputs_take_torch_and_still_add_in_place():
     w = torch.ones(16, dtype=torch.bfloat16)
     want = F.rms_norm(strided, (16,), w, 1e-5)
     assert torch.equal(rms_norm.add_rms_norm(strided, None, w, 1e-5), want)
+
+
+def test_native_false_is_torchs_ops_bit_for_bit():
+    """What deterministic mode asks for: F.rms_norm's bits, the residual still added."""
+    gen = torch.Generator().manual_seed(3)
+    residual = torch.randn(300, 2048, generator=gen).to(torch.bfloat16)
+    delta = torch.randn(300, 2048, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(2048, generator=gen).to(torch.bfloat16)
+    want_residual = residual + delta
+    got = rms_norm.add_rms_norm(residual, delta, weight, 1e-5, native=False)
+    assert torch.equal(residual, want_residual)
+    assert torch.equal(got, F.rms_norm(want_residual, (2048,), weight, 1e-5))
