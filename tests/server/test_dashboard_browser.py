@@ -275,6 +275,9 @@ def test_the_dashboard_asks_for_the_api_key_and_refuses_without_it(
         page.click("#api-key-submit")
         page.wait_for_selector("#status:has-text('live')")
         page.wait_for_selector("#key-dialog", state="hidden")
+        # The counters render after the status turns live: wait for them (a count taken at
+        # once raced the page's first snapshot and found none in a CI run).
+        page.wait_for_selector("#counters [data-metric]")
         assert page.locator("#counters [data-metric]").count() > 0
         # The playground sends the key too.
         page.select_option("#pg-mode", "chat")
