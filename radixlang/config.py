@@ -45,6 +45,8 @@ QUANTIZATIONS = (
 )  # the runtime's models/linear.py QUANTIZATIONS
 PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
 SPECULATIVE = ("off", "ngram")  # runtime/speculative
+# constrain/tool_formats.NAMED_FORMATS, and "auto" (read off the chat template)
+TOOL_CALL_FORMATS = ("auto", "radixlang", "hermes", "llama3-json", "mistral")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ROUTING_POLICIES = ("cache_aware", "round_robin")  # cluster/router.py POLICIES
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
@@ -410,6 +412,9 @@ ENGINE_SETTINGS = (
             "pin the drafts' cost model to a decode step's milliseconds: fixed, per sequence, "
             "per token (e.g. 19,1,0.4); default: learnt from the engine's own steps. Pinned, "
             "the drafts taken depend on the requests alone, not on the machine's speed or load"),
+    Setting("engine", "tool_call_format", _choice_kind(TOOL_CALL_FORMATS), "auto",
+            "how the model writes tool calls: auto reads the format off the chat template "
+            "(radixlang's own when the template writes no calls), or a named format"),
     Setting("engine", "check_integrity_every_step", BOOL, False,
             "check the block pool's and the radix cache's invariants after every step (slow; "
             "for debugging)"),

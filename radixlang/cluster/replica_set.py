@@ -30,6 +30,7 @@ from typing import Any
 
 from radixlang.cluster.replica import EngineReplica
 from radixlang.cluster.router import BALANCE_ABS, BALANCE_REL, NoReplicaError, Route, Router
+from radixlang.constrain.tool_formats import format_for
 from radixlang.model_files import DEFAULT_MODEL, ModelFiles, load_model_files
 from radixlang.runtime.engine import (
     CacheBusyError,
@@ -117,6 +118,7 @@ class ReplicaSet:
         model = DEFAULT_MODEL if model is None else model
         self.files = model if isinstance(model, ModelFiles) else load_model_files(model)
         self.tokenizer = load_tokenizer(self.files)
+        self.tool_format = format_for(self.tokenizer, engine_kwargs.get("tool_call_format"))
         self._owns_ray = init_ray(ray_address)
         import ray
 

@@ -10,8 +10,11 @@ a plain ``Role: content`` format.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from radixlang.constrain.tool_formats import DEFAULT_FORMAT, ToolFormat, format_for
 
 ROLES = ("system", "user", "assistant", "tool")
 # How a tool's result is marked when the template has no tool role (it becomes a user turn).
@@ -27,6 +30,7 @@ class ChatTemplate:
     first_prefix: dict[str, str] = field(default_factory=dict)  # when the role opens the chat
     default_system_prompt: str | None = None
     stop_str: tuple[str, ...] = ()
+    tool_format: ToolFormat = DEFAULT_FORMAT  # how the model writes tool calls
 
     def get_prefix_and_suffix(self, role: str, history: list[dict[str, Any]]) -> tuple[str, str]:
         if role == "tool" and "tool" not in self.prefix:  # a user turn, marked
@@ -82,9 +86,10 @@ def from_tokenizer(tokenizer: Any, name: str = "model") -> ChatTemplate:
 
     for with_system in (True, False):
         try:
-            return _read(render, name, with_system)
+            template = _read(render, name, with_system)
         except Exception:  # a template these probes cannot read
             continue
+        return dataclasses.replace(template, tool_format=format_for(tokenizer))
     return PLAIN
 
 

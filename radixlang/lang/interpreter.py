@@ -25,12 +25,13 @@ from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
 from radixlang.constrain.reasoning import OPEN as THINK_OPEN
 from radixlang.constrain.reasoning import split_reasoning
 from radixlang.constrain.tool_calls import (
-    CALL_START,
     call_grammar,
     format_calls,
     parse_calls,
+    parse_output,
     tools_prompt,
 )
+from radixlang.constrain.tool_formats import ToolFormat
 from radixlang.lang.backends.base import Backend, StreamMeta
 from radixlang.lang.chat_template import ChatTemplate
 from radixlang.lang.ir import (
@@ -647,6 +648,11 @@ class StateExecutor:
         return answer
 
     # ---- tools -------------------------------------------------------------------------------
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How the model writes tool calls (its chat template's format)."""
+        return self.chat_template.tool_format
+
     def _offer_tools(self, expr: Gen, sampling: dict[str, Any], chat: bool) -> None:
         """Let a gen call its tools: a chat service is sent them (OpenAI's ``tools``); on a
         text backend the system message describes them and a grammar holds the output to a
@@ -667,7 +673,7 @@ class StateExecutor:
         reply_schema = sampling.pop("json_schema", None)
         tools = [(t.name, t.parameters) for t in expr.tools]
         sampling["grammar"] = call_grammar(
-            expr.tool_mode, tools, expr.parallel_tool_calls, reply_schema
+            expr.tool_mode, tools, expr.parallel_tool_calls, reply_schema, self.tool_format
         )
 
     def _show_tools(self, expr: Gen) -> None:
@@ -676,7 +682,7 @@ class StateExecutor:
         then stays the same from step to step of an agent, and across agents with the same
         system prompt and tools. A chat without a system message gets one first; a program
         without roles gets the description as its first paragraph."""
-        text = tools_prompt("auto", [t.openai() for t in expr.shown_tools])
+        text = tools_prompt("auto", [t.openai() for t in expr.shown_tools], self.tool_format)
         if text in self.shown_tools or text in self.text:
             return
         self.shown_tools.add(text)
@@ -720,11 +726,16 @@ class StateExecutor:
             return text
         if meta.get("tool_calls"):
             calls = [_chat_call(c) for c in meta["tool_calls"]]
-            text = (text + "\n" if text else "") + format_calls(
-                [(c.name, c.arguments) for c in calls]
+            fmt = self.tool_format
+            joint = fmt.text_before if fmt.text_before is not None else "\n"
+            text = (text + joint if text else "") + format_calls(
+                [(c.name, c.arguments) for c in calls], fmt
             )
         else:
-            calls = [ToolCall(name, args, new_call_id()) for name, args in parse_calls(text)]
+            calls = [
+                ToolCall(name, args, new_call_id())
+                for name, args in parse_calls(text, self.tool_format)
+            ]
         self.tool_calls[expr.name] = calls
         self.turn_calls.extend(calls)
         return text
@@ -810,7 +821,7 @@ class StateExecutor:
         self.cur_role = None
         message: dict[str, Any] = {"role": role, "content": content, **self.cur_role_attrs}
         if role == "assistant" and self.turn_calls:  # the calls as a chat message holds them
-            message["content"] = content.split(CALL_START)[0].rstrip()
+            message["content"] = parse_output(content, self.tool_format)[0].rstrip()
             message["tool_calls"] = [call.openai() for call in self.turn_calls]
             self.turn_calls = []
         self.messages.append(message)

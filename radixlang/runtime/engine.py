@@ -34,6 +34,7 @@ from radixlang.config import (  # parse_memory: re-exported, its old home
     parse_memory,
 )
 from radixlang.constrain.reasoning import reasoning_markers
+from radixlang.constrain.tool_formats import format_for
 from radixlang.model_files import ModelFiles
 from radixlang.runtime import admission, cache_store, token_output
 from radixlang.runtime.beam_search import (
@@ -301,6 +302,7 @@ class Engine:
         self.eos_token_ids = admission.eos_token_ids(self.files, self.tokenizer)
         # A reasoning model's <think> / </think> ids: constraints then hold only the answer.
         self.reasoning_markers = reasoning_markers(self.tokenizer)
+        self.tool_format = format_for(self.tokenizer, config.tool_call_format)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, copy_hook=self._copy_block)
         tier_bytes = parse_memory(config.host_tier_memory)
         self.host_tier = (

@@ -48,7 +48,7 @@ class AnswerParts:
 
     def __post_init__(self) -> None:
         self._calls = tooling.CallStream(
-            may_call=self.choice.calls, must_call=self.choice.mode == "required"
+            self.choice.calls, self.choice.mode == "required", self.choice.fmt
         )
         self._call_parts: dict[int, int] = {}  # a call's index in the block -> its part
 

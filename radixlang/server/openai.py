@@ -36,6 +36,7 @@ from radixlang.constrain.reasoning import (
     opened_in_prompt,
     split_reasoning,
 )
+from radixlang.constrain.tool_formats import DEFAULT_FORMAT
 from radixlang.runtime.request import (
     FinishReason,
     GenerateRequest,
@@ -455,7 +456,7 @@ class OpenAIRoutes:
         Responses and Messages routes reach the engine through here too."""
         self.check_model(body.model)
         tools = tooling.parse_tools(body.tools)
-        choice = tooling.parse_tool_choice(body.tool_choice, tools)
+        choice = tooling.parse_tool_choice(body.tool_choice, tools, self.tool_format)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         limit = body.max_completion_tokens
@@ -478,6 +479,17 @@ class OpenAIRoutes:
         if limit is None:  # what is left of the context window
             sampling["max_new_tokens"] = max(self.engine.max_context - len(ids), 1)
         return [_request(ids, sampling, j) for j in range(body.n)], choice
+
+    @property
+    def tool_format(self) -> Any:
+        """How the model writes tool calls (the engine's: read off its chat template, or
+        named by ``tool_call_format``)."""
+        return getattr(self.engine, "tool_format", None) or DEFAULT_FORMAT
+
+    def template_writes_calls(self) -> bool:
+        """Whether the chat template writes an assistant message's ``tool_calls`` itself (its
+        format was read off it); if not, they go into the message's text."""
+        return self.template_shows_tools() or self.tool_format.name == "template"
 
     def template_shows_tools(self) -> bool:
         """Whether the chat template writes the ``tools`` it is given into the prompt (if not,
@@ -505,7 +517,9 @@ class OpenAIRoutes:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, f"model {self.model_name} has no chat template", param="messages")
         native = self.template_shows_tools()
-        messages = [_plain_message(m, i, native) for i, m in enumerate(body.messages)]
+        writes_calls = self.template_writes_calls()
+        messages = [_plain_message(m, i, writes_calls, self.tool_format)
+                    for i, m in enumerate(body.messages)]  # fmt: skip
         final = body.continue_final_message
         if final and messages[-1]["role"] != "assistant":
             raise APIError(
@@ -579,8 +593,7 @@ class OpenAIRoutes:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created,
                 "model": self.model_name}  # fmt: skip
         calls = [
-            tooling.CallStream(may_call=choice.calls, must_call=choice.mode == "required")
-            for _ in handles
+            tooling.CallStream(choice.calls, choice.mode == "required", choice.fmt) for _ in handles
         ]
         # A reasoning model's thinking goes out as reasoning_content, its answer as content.
         thinks = self.reasoning_markers is not None
@@ -706,11 +719,11 @@ def _chat_message(
     reasoning, text = split_reasoning(result.text, opened) if thinks else (None, result.text)
     extra = {} if reasoning is None else {"reasoning_content": reasoning}
     parsed = tooling.parse_output(text, choice)
-    if parsed is None or not parsed[0]:
+    if parsed is None or not parsed[1]:
         return {"role": "assistant", "content": text, **extra}, finish
-    calls, closed = parsed
+    before, calls, closed = parsed
     ids = [tooling.new_call_id() for _ in calls]
-    message = {"role": "assistant", "content": None, **extra,
+    message = {"role": "assistant", "content": before or None, **extra,
                "tool_calls": tooling.tool_calls_json(calls, ids)}  # fmt: skip
     if closed and result.finish_reason is FinishReason.STOP:
         finish = "tool_calls"
@@ -751,10 +764,12 @@ def _request(prompt: str | list[int], sampling: dict[str, Any], j: int) -> Gener
     return GenerateRequest(input_ids=prompt, sampling=sampling)
 
 
-def _plain_message(m: ChatMessage, i: int, template_shows_tools: bool = False) -> dict[str, Any]:
+def _plain_message(
+    m: ChatMessage, i: int, template_writes_calls: bool = False, fmt: Any = DEFAULT_FORMAT
+) -> dict[str, Any]:
     """A message as the chat template takes it: content parts joined, ``developer`` as
-    ``system``. An assistant's ``tool_calls`` go to a template that shows tools as they are
-    (arguments as objects); otherwise they are written into its content in the call format."""
+    ``system``. An assistant's ``tool_calls`` go to a template that writes calls as they are
+    (arguments as objects); otherwise they are written into its content in ``fmt``."""
     content = m.content
     if isinstance(content, list):
         texts = []
@@ -773,11 +788,12 @@ def _plain_message(m: ChatMessage, i: int, template_shows_tools: bool = False) -
         if m.role != "assistant":
             raise APIError(400, f"messages[{i}].tool_calls: only assistant messages make calls",
                            param=f"messages[{i}].tool_calls")  # fmt: skip
-        block = tooling.call_block(m.tool_calls, f"messages[{i}]")  # checks them too
-        if template_shows_tools:
+        block = tooling.call_block(m.tool_calls, f"messages[{i}]", fmt)  # checks them too
+        if template_writes_calls:
             out["tool_calls"] = tooling.template_tool_calls(m.tool_calls)
         else:
-            out["content"] = f"{out['content']}\n{block}" if out["content"] else block
+            joint = fmt.text_before if fmt.text_before is not None else "\n"
+            out["content"] = f"{out['content']}{joint}{block}" if out["content"] else block
     for key in ("name", "tool_call_id"):
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)

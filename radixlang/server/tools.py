@@ -6,12 +6,14 @@ The calls' text format, its grammar and its reading are ``radixlang.constrain.to
 (shared with the language's ``gen(tools=...)``); ``"none"`` shows no tools and constrains
 nothing.
 
-The model sees the tools through its chat template (``tools=``) when the template writes them
-into the prompt; otherwise (SmolLM2's template ignores them) a system message lists them and
-states the call format. Earlier calls in the history are written in the call format for such
-templates, and ``tool`` messages keep their role (or, for a template that refuses the role,
-become user messages wrapped in ``<tool_response>``). A template's own call format may differ
-from this one: the grammar holds the output to this one either way.
+The calls are written in the model's own format (a ``ToolFormat`` read off its chat template,
+or the one ``tool_call_format`` names), so the model writes what it was trained to write and a
+client reading raw text sees the model's format. The model sees the tools through its chat
+template (``tools=``) when the template writes them into the prompt; otherwise (SmolLM2's
+template ignores them) a system message lists them and states the call format. Earlier calls
+in the history go to a template that writes calls as they are, and into the content in the
+call format otherwise; ``tool`` messages keep their role (or, for a template that refuses the
+role, become user messages wrapped in ``<tool_response>``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from radixlang.constrain import ConstraintError, json_schema_text
 from radixlang.constrain import tool_calls as call_format
-from radixlang.constrain.tool_calls import CALL_START, ScannedCall, scan_calls
+from radixlang.constrain.tool_formats import DEFAULT_FORMAT, ScannedCall, ToolFormat
 from radixlang.server.common import APIError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -45,6 +47,7 @@ class Tool:
 class ToolChoice:
     mode: str  # "none", "auto" or "required" (a named function is "required" with one tool)
     tools: tuple[Tool, ...]  # the tools the output may call
+    fmt: ToolFormat = DEFAULT_FORMAT  # how the model writes calls
 
     @property
     def calls(self) -> bool:
@@ -110,20 +113,23 @@ def parse_tools(tools: list[Any] | None) -> list[Tool]:
     return out
 
 
-def parse_tool_choice(choice: Any, tools: list[Tool]) -> ToolChoice:
-    """``tool_choice`` (OpenAI's default: ``"auto"`` with tools, ``"none"`` without)."""
+def parse_tool_choice(
+    choice: Any, tools: list[Tool], fmt: ToolFormat = DEFAULT_FORMAT
+) -> ToolChoice:
+    """``tool_choice`` (OpenAI's default: ``"auto"`` with tools, ``"none"`` without), for a
+    model that writes calls in ``fmt``."""
     if choice is None:
         choice = "auto" if tools else "none"
     if choice in ("none", "auto", "required"):
         if choice == "required" and not tools:
             raise APIError(400, "tool_choice 'required' needs tools", param="tool_choice")
-        return ToolChoice(choice, tuple(tools) if choice != "none" else ())
+        return ToolChoice(choice, tuple(tools) if choice != "none" else (), fmt)
     if isinstance(choice, dict) and choice.get("type") == "function":
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         for tool in tools:
             if tool.name == name:
-                return ToolChoice("required", (tool,))
+                return ToolChoice("required", (tool,), fmt)
         raise APIError(400, f"tool_choice names the function {name!r}, which is not in tools",
                        param="tool_choice.function.name")  # fmt: skip
     raise APIError(
@@ -137,18 +143,18 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> ToolChoice:
 def call_grammar(choice: ToolChoice, parallel: bool, text_schema: Any = None) -> str:
     """The Lark grammar of the output ``choice`` allows (see ``call_format.call_grammar``)."""
     tools = [(tool.name, tool.parameters) for tool in choice.tools]
-    return call_format.call_grammar(choice.mode, tools, parallel, text_schema)
+    return call_format.call_grammar(choice.mode, tools, parallel, text_schema, choice.fmt)
 
 
 def tools_prompt(choice: ToolChoice) -> str:
     """The tools and the call format, for a system message (when the chat template does not
     show the tools itself)."""
-    return call_format.tools_prompt(choice.mode, [tool.spec for tool in choice.tools])
+    return call_format.tools_prompt(choice.mode, [tool.spec for tool in choice.tools], choice.fmt)
 
 
-def call_block(tool_calls: Sequence[Any], where: str) -> str:
-    """An assistant message's ``tool_calls`` in the call format, for chat templates that do not
-    show tool calls themselves; a 400 naming the field if they are malformed."""
+def call_block(tool_calls: Sequence[Any], where: str, fmt: ToolFormat = DEFAULT_FORMAT) -> str:
+    """An assistant message's ``tool_calls`` in ``fmt``, for chat templates that do not write
+    tool calls themselves; a 400 naming the field if they are malformed."""
     calls = []
     for j, call in enumerate(tool_calls):
         here = f"{where}.tool_calls[{j}]"
@@ -161,8 +167,11 @@ def call_block(tool_calls: Sequence[Any], where: str) -> str:
         if isinstance(arguments, str):
             with contextlib.suppress(json.JSONDecodeError):  # else shown as the string it is
                 arguments = json.loads(arguments) if arguments.strip() else {}
-        calls.append((name, arguments))
-    return call_format.format_calls(calls)
+        calls.append((name, arguments, call.get("id")))
+    try:
+        return call_format.format_calls(calls, fmt)
+    except ValueError as e:  # more calls than the format holds
+        raise APIError(400, f"{where}.tool_calls: {e}", param=f"{where}.tool_calls") from None
 
 
 def template_tool_calls(tool_calls: Sequence[Any]) -> list[Any]:
@@ -188,9 +197,9 @@ def new_call_id() -> str:
 
 
 def tool_calls_json(calls: Sequence[ScannedCall], ids: Sequence[str]) -> list[dict[str, Any]]:
-    """OpenAI's ``message.tool_calls``."""
+    """OpenAI's ``message.tool_calls`` (``ids``: for calls whose format writes none)."""
     return [
-        {"id": ids[k], "type": "function",
+        {"id": call.id or ids[k], "type": "function",
          "function": {"name": call.name, "arguments": call.arguments}}
         for k, call in enumerate(calls)
     ]  # fmt: skip
@@ -198,18 +207,21 @@ def tool_calls_json(calls: Sequence[ScannedCall], ids: Sequence[str]) -> list[di
 
 @dataclass
 class CallStream:
-    """One streamed choice's output as OpenAI's deltas: text as ``content``; a call block as
+    """One streamed choice's output as OpenAI's deltas: text as ``content``; calls as
     ``tool_calls`` items (the first for each call with its ``id``, ``type`` and name, then its
-    arguments in pieces). With ``auto``, text that could still become the call marker is held
-    back until it either is the marker or cannot be."""
+    arguments in pieces). With ``auto``, text that could still become the start of the calls is
+    held back until it either is (the calls begin) or cannot be."""
 
     may_call: bool
     must_call: bool
+    fmt: ToolFormat = DEFAULT_FORMAT
     text: str = ""
     mode: str | None = None  # "text" or "calls" once known
     ids: list[str] = field(default_factory=list)
     sent_arguments: list[int] = field(default_factory=list)
     closed: bool = False
+    _sent: int = 0  # the text sent as content
+    _calls_at: int = 0  # where the calls begin in ``text``
 
     def __post_init__(self) -> None:
         if not self.may_call:
@@ -218,28 +230,33 @@ class CallStream:
             self.mode = "calls"
 
     def feed(self, new_text: str) -> list[dict[str, Any]]:
-        """The deltas ``new_text`` makes (none, one content delta, or tool-call deltas)."""
-        before = len(self.text)
+        """The deltas ``new_text`` makes (none, content deltas, tool-call deltas)."""
         self.text += new_text
-        if self.mode is None:
-            if self.text.startswith(CALL_START):
-                self.mode = "calls"
-            elif CALL_START.startswith(self.text):
-                return []  # still maybe a call
-            else:
-                self.mode = "text"
-                return [{"content": self.text}] if self.text else []
         if self.mode == "text":
-            return [{"content": self.text[before:]}] if self.text[before:] else []
-        return self._call_deltas()
+            return self._content(len(self.text))
+        if self.mode == "calls":
+            return self._call_deltas()
+        found = self.fmt.locate(self.text)
+        if found is not None:
+            before, self._calls_at = found
+            self.mode = "calls"
+            return self._content(len(before)) + self._call_deltas()
+        held = self.fmt.may_become_calls(self.text)
+        if not held and self.fmt.text_before is None:
+            self.mode = "text"  # calls start the output in this format: this is a reply
+        return self._content(len(self.text) - held)
+
+    def _content(self, end: int) -> list[dict[str, Any]]:
+        piece, self._sent = self.text[self._sent : end], max(self._sent, end)
+        return [{"content": piece}] if piece else []
 
     def _call_deltas(self) -> list[dict[str, Any]]:
-        calls, self.closed = scan_calls(self.text)
+        calls, self.closed = self.fmt.scan(self.text[self._calls_at :])
         items = []
         for k, call in enumerate(calls):
             piece = call.arguments[self.sent_arguments[k] :] if k < len(self.ids) else ""
             if k == len(self.ids):  # a new call: its first item has the id, type and name
-                self.ids.append(new_call_id())
+                self.ids.append(call.id or new_call_id())
                 self.sent_arguments.append(0)
                 piece = call.arguments
                 items.append({"index": k, "id": self.ids[k], "type": "function",
@@ -250,11 +267,11 @@ class CallStream:
         return [{"tool_calls": items}] if items else []
 
     def finish(self) -> list[dict[str, Any]]:
-        """Deltas for text still held back when the output ends (a reply that was a prefix
-        of the marker)."""
-        if self.mode is None and self.text:
+        """Deltas for text still held back when the output ends (a reply that ended in what
+        could have started a call)."""
+        if self.mode is None:
             self.mode = "text"
-            return [{"content": self.text}]
+            return self._content(len(self.text))
         return []
 
     @property
@@ -262,11 +279,11 @@ class CallStream:
         return self.mode == "calls" and bool(self.ids)
 
 
-def parse_output(text: str, choice: ToolChoice) -> tuple[list[ScannedCall], bool] | None:
-    """The calls in a whole output and whether their block is closed; None if the output is a
-    text reply."""
+def parse_output(text: str, choice: ToolChoice) -> tuple[str, list[ScannedCall], bool] | None:
+    """A whole output's text before its calls, its calls and whether they are closed; None if
+    the output is a text reply."""
     if not choice.calls:
         return None
-    if choice.mode == "auto" and not text.startswith(CALL_START):
-        return None
-    return scan_calls(text)
+    if choice.mode == "required":
+        return "", *choice.fmt.scan(text)
+    return choice.fmt.parse(text)

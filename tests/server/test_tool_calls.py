@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel, Field
 from server_checks import assert_no_leak
 
+from radixlang.constrain.tool_formats import DEFAULT_FORMAT
 from radixlang.server import tools as tooling
 
 WEATHER = {"type": "function", "function": {
@@ -106,7 +107,7 @@ def test_auto_answers_text_or_a_valid_call(oai, model):
             _check_calls(choice.message)
         else:  # the random model writes text: nothing forced a call
             assert choice.message.content and choice.finish_reason in ("stop", "length")
-            assert not choice.message.content.startswith(tooling.CALL_START)
+            assert not choice.message.content.startswith(DEFAULT_FORMAT.trigger)
 
 
 def test_auto_grammar_makes_a_started_call_valid(engine):
@@ -123,7 +124,7 @@ def test_auto_grammar_makes_a_started_call_valid(engine):
     rng = random.Random(0)
     for _ in range(3):
         constraint = grammar.new_constraint()
-        tokens = list(engine.tokenizer.encode(tooling.CALL_START))
+        tokens = list(engine.tokenizer.encode(DEFAULT_FORMAT.trigger))
         for token in tokens:
             constraint.advance(token)
         while not constraint.is_finished() and len(tokens) < 300:
@@ -134,7 +135,7 @@ def test_auto_grammar_makes_a_started_call_valid(engine):
             constraint.advance(token)
             tokens.append(token)
         text = engine.tokenizer.decode(tokens)
-        calls, closed = tooling.scan_calls(text)
+        calls, closed = DEFAULT_FORMAT.scan(text)
         assert closed and calls, text
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
@@ -165,8 +166,8 @@ def test_auto_with_response_format_answers_json_or_a_call(engine):
             constraint.advance(token)
             tokens.append(token)
         text = engine.tokenizer.decode(tokens)
-        if text.startswith(tooling.CALL_START):
-            calls, closed = tooling.scan_calls(text)
+        if text.startswith(DEFAULT_FORMAT.trigger):
+            calls, closed = DEFAULT_FORMAT.scan(text)
             assert closed and len(calls) == 1, text
             kinds.add("call")
         else:
@@ -287,12 +288,12 @@ def test_malformed_tools_get_a_400_naming_the_field(oai, model, client, extra, p
 def test_scan_calls_reads_partial_and_whole_blocks():
     text = ('<tool_call>[{"name": "get_weather", "arguments": {"city": "a}\\"b", "unit": "c"}}, '
             '{"name": "get_time", "arguments": {"zone": "utc"}}]</tool_call>')  # fmt: skip
-    calls, closed = tooling.scan_calls(text)
+    calls, closed = DEFAULT_FORMAT.scan(text)
     assert closed and [c.name for c in calls] == ["get_weather", "get_time"]
     assert json.loads(calls[0].arguments) == {"city": 'a}"b', "unit": "c"}
     assert all(c.complete for c in calls)
     for cut in range(len(text)):  # every prefix: calls so far, arguments a prefix of the whole
-        partial, done = tooling.scan_calls(text[:cut])
+        partial, done = DEFAULT_FORMAT.scan(text[:cut])
         assert not done and len(partial) <= 2
         for got, full in zip(partial, calls, strict=False):
             assert got.name == full.name and full.arguments.startswith(got.arguments)

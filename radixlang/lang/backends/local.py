@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,10 @@ class LocalBackend(Backend):
         self.report_programs = report_programs
         self.tokenizer = engine.tokenizer
         self.chat_template = from_tokenizer(engine.tokenizer, engine.files.name)
+        if getattr(engine, "tool_format", None) is not None:  # the engine's setting wins
+            self.chat_template = dataclasses.replace(
+                self.chat_template, tool_format=engine.tool_format
+            )
         # The programs whose calls asked the engine to retain their paths (release_program).
         self._retaining: set[str] = set()
 
