@@ -76,8 +76,34 @@ def _closed_schema(schema: Mapping[str, Any], fmt: ToolFormat) -> str:
     return json.dumps(out)
 
 
-def _sequence(*literals: str) -> str:
-    return " ".join(_lark_string(t) for t in literals if t)
+def _sequence(fmt: ToolFormat, *literals: str) -> str:
+    """Literal text as grammar items: strings, and the format's marker tokens by id."""
+    items = []
+    for text in literals:
+        for piece in _split_markers(text, fmt.special):
+            if isinstance(piece, int):
+                items.append(f"<[{piece}]>")
+            elif piece:
+                items.append(_lark_string(piece))
+    return " ".join(items)
+
+
+def _split_markers(text: str, special: Sequence[tuple[str, int]]) -> list[str | int]:
+    """``text`` cut at each marker token: text pieces and marker ids, in order."""
+    out: list[str | int] = [text]
+    for marker, token in special:
+        cut: list[str | int] = []
+        for piece in out:
+            if isinstance(piece, int):
+                cut.append(piece)
+                continue
+            parts = piece.split(marker)
+            for k, part in enumerate(parts):
+                if k:
+                    cut.append(token)
+                cut.append(part)
+        out = cut
+    return out
 
 
 def call_grammar(
@@ -95,11 +121,20 @@ def call_grammar(
     if mode not in ("auto", "required") or not tools:
         raise ValueError(f"a call grammar needs tools and mode 'auto' or 'required', got {mode!r}")
     trigger = _lark_regex(fmt.trigger)
+    marker_token = any(marker == fmt.trigger for marker, _ in fmt.special)
     lines = []
     lazy = mode == "auto" and text_schema is None and fmt.text_before is not None
     if mode == "auto" and text_schema is not None:
         lines.append("start: calls | reply")
         lines.append(f"reply: %json {_closed_schema(_as_schema(text_schema), fmt)}")
+    elif lazy and marker_token:
+        # The marker is a token, which text (bytes) cannot hold: text ending as the format
+        # writes it before calls, then the calls; or text alone.
+        # (Nor the marker's text: the decoded output then reads one way.)
+        lines.append("start: calls | TEXT_BEFORE calls | TEXT")
+        before = _lark_regex(fmt.text_before or "")
+        lines.append(f"TEXT_BEFORE: /(?s:.+){before}/ & ~/(?s:.*){trigger}(?s:.*)/")
+        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*){trigger}(?s:.*)/")
     elif lazy:
         # Text, then the calls: the text is lazily matched up to the first marker (which the
         # suffix writes), so a marker always starts the calls; or text without a marker.
@@ -112,17 +147,18 @@ def call_grammar(
         lines.append(f"TEXT: /(?s:.+)/ & ~/{trigger}(?s:.*)/")
     else:
         lines.append("start: calls")
-    more = f" ({_sequence(fmt.between)} call)*" if parallel and fmt.parallel else ""
-    lines.append(f"calls: {_sequence(fmt.head)} call{more} {_sequence(fmt.tail)}".rstrip())
-    if lazy:
-        rest = _sequence(fmt.head[len(fmt.trigger) :])
-        lines.append(f"calls_after_marker: {rest} call{more} {_sequence(fmt.tail)}".rstrip())
+    more = f" ({_sequence(fmt, fmt.between or '')} call)*" if parallel and fmt.parallel else ""
+    tail = _sequence(fmt, fmt.tail)
+    lines.append(f"calls: {_sequence(fmt, fmt.head)} call{more} {tail}".rstrip())
+    if lazy and not marker_token:
+        rest = _sequence(fmt, fmt.head[len(fmt.trigger) :])
+        lines.append(f"calls_after_marker: {rest} call{more} {tail}".rstrip())
     lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
     for i, (name, parameters) in enumerate(tools):
         parts = []
         for kind, text in fmt.pieces:
             if kind == "lit":
-                parts.append(_lark_string(text))
+                parts.append(_sequence(fmt, text))
             elif kind == "name":
                 parts.append(_lark_string(name))
             elif kind == "args":

@@ -22,6 +22,7 @@ Torch-free: the language, the server and the engine share it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ HOLES = ("name", "args", "id")
 # The arguments' JSON layouts a template's ``tojson`` may write.
 _LAYOUTS = ((", ", ": "), (",", ":"), (", ", ":"), (",", ": "))
 # A marker that opens the calls: a tag, a bracketed control word, or a special token.
-_MARKER = re.compile(r"<\|[^|<>\s]+\|>|<[A-Za-z_][^<>\s]*>|\[[A-Z_]+\]")
+_MARKER = re.compile(r"<\|[^|<>\s]+\|>|</?[A-Za-z_][^<>\s]*>|\[[A-Z_]+\]")
 ID_CHARS = "[A-Za-z0-9]"
 
 
@@ -59,6 +60,9 @@ class ToolFormat:
     item_separator: str = ", "
     key_separator: str = ": "
     id_length: int | None = None  # the id's length where the format holds one
+    # Markers the model's tokenizer has as tokens of their own (Qwen's <tool_call>, Mistral's
+    # [TOOL_CALLS]), with their ids: the grammar names those tokens, not their text.
+    special: tuple[tuple[str, int], ...] = ()
 
     @property
     def trigger(self) -> str:
@@ -430,12 +434,34 @@ def from_jinja_render(tokenizer: Any) -> Render:
 def format_for(tokenizer: Any, choice: str | None = None) -> ToolFormat:
     """The tool-call format for a model: ``choice`` names one, or "auto"/None reads it off the
     tokenizer's chat template, falling back to :data:`DEFAULT_FORMAT` for a template that does
-    not write calls."""
+    not write calls. Markers the tokenizer holds as tokens of their own are noted."""
     if choice not in (None, "auto"):
-        return named_format(choice)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        return DEFAULT_FORMAT
+        fmt = named_format(choice)
+    elif tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        fmt = DEFAULT_FORMAT
+    else:
+        try:
+            fmt = derive_format(from_jinja_render(tokenizer))
+        except ToolFormatError:
+            fmt = DEFAULT_FORMAT
+    special = marker_tokens(fmt, tokenizer)
+    return dataclasses.replace(fmt, special=special) if special else fmt
+
+
+def marker_tokens(fmt: ToolFormat, tokenizer: Any) -> tuple[tuple[str, int], ...]:
+    """The format's markers that ``tokenizer`` encodes as one added token (which constrained
+    decoding treats as a token, not as text), with their ids."""
+    added = getattr(tokenizer, "get_added_vocab", None)
+    if added is None:
+        return ()
     try:
-        return derive_format(from_jinja_render(tokenizer))
-    except ToolFormatError:
-        return DEFAULT_FORMAT
+        added_ids = set(added().values())
+    except Exception:
+        return ()
+    found = []
+    markers = {fmt.trigger, *_MARKER.findall(fmt.head + (fmt.between or "") + fmt.tail)}
+    for marker in sorted(markers):
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) == 1 and ids[0] in added_ids:
+            found.append((marker, int(ids[0])))
+    return tuple(found)

@@ -675,6 +675,8 @@ class StateExecutor:
         sampling["grammar"] = call_grammar(
             expr.tool_mode, tools, expr.parallel_tool_calls, reply_schema, self.tool_format
         )
+        if self.tool_format.special:  # marker tokens are the calls' text: keep them in it
+            sampling["skip_special_tokens"] = False
 
     def _show_tools(self, expr: Gen) -> None:
         """Describe the gen's tools (all it was given, so the text is the same whatever its

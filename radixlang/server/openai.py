@@ -473,6 +473,8 @@ class OpenAIRoutes:
             sampling["grammar"] = tooling.call_grammar(
                 choice, body.parallel_tool_calls is not False, text_schema
             )
+            if choice.fmt.special:  # marker tokens are the calls' text: keep them in it
+                sampling["skip_special_tokens"] = False
         if body.logprobs:
             sampling.update(return_logprob=True, top_logprobs_num=body.top_logprobs or 0)
         ids = await run_in_threadpool(self._chat_prompt, body, choice, tools)
