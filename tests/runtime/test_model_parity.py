@@ -178,9 +178,12 @@ def test_default_model_packed_shuffled_batch(default_case):
     check_packed_batch(default_case)
 
 
-def test_triton_path_matches_torch_path_through_the_model(tiny_folders, monkeypatch):
+# qwen3: q/k norms; gemma3: a query scale apart from head_dim's and windowed layers beside
+# global ones; phi3_longrope: partial rotary.
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3", "phi3_longrope"])
+def test_triton_path_matches_torch_path_through_the_model(tiny_folders, monkeypatch, kind):
     """The whole forward pass with the Triton kernels (interpreted on CPU) as with torch's."""
-    case = tiny_case(tiny_folders, "qwen3")
+    case = tiny_case(tiny_folders, kind)
     a, b, _, _ = case.prompts
     ta, tb = case.table(len(a)), case.table(len(b))
     batches = [

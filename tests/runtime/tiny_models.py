@@ -21,13 +21,34 @@ COMMON = dict(
     rms_norm_eps=1e-6,
 )
 
-KINDS = ("llama", "llama3_rope", "mistral", "mistral_window", "qwen2", "qwen2_window", "qwen3")
+KINDS = (
+    "llama",
+    "llama3_rope",
+    "mistral",
+    "mistral_window",
+    "qwen2",
+    "qwen2_window",
+    "qwen3",
+    "phi3",
+    "phi3_longrope",
+    "gemma3",
+)
 # The sliding windows of the windowed kinds: short, so that tests' sequences outgrow them.
-WINDOWS = {"mistral_window": 8, "qwen2_window": 6}
+WINDOWS = {"mistral_window": 8, "qwen2_window": 6, "phi3": 10, "gemma3": 6}
+# phi3_longrope's pretraining length: every test sequence but one-token ones is longer, so that
+# transformers runs it on the long factors, as the runner always does (see models/rope.py).
+LONGROPE_ORIGINAL = 8
 
 
 def tiny_config(kind: str, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     common = COMMON | overrides
 
@@ -55,6 +76,43 @@ def tiny_config(kind: str, **overrides):
     if kind == "qwen3":
         # head_dim apart from hidden / heads, as in the real Qwen3 models.
         return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
+    # Phi-3's default token ids lie past the tiny vocabulary.
+    phi_ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    if kind == "phi3":
+        # Fused qkv_proj and gate_up_proj; a window on every layer, as Phi-3-mini-4k has.
+        return Phi3Config(**(phi_ids | common), sliding_window=WINDOWS[kind])
+    if kind == "phi3_longrope":
+        # Phi-4-mini's shape: LongRoPE over the first 3/4 of each head (12 of 16 dims, 6
+        # frequencies), untied output.
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.5],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0],
+        }
+        return Phi3Config(
+            **(phi_ids | common),
+            rope_parameters=rope,
+            original_max_position_embeddings=LONGROPE_ORIGINAL,
+        )
+    if kind == "gemma3":
+        # Local (windowed) and global layers with their own rotary bases, the global one
+        # linearly scaled; query_pre_attn_scalar apart from head_dim; a final logit cap.
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+        }
+        types = ["sliding_attention", "full_attention", "sliding_attention"]
+        return Gemma3TextConfig(
+            **(common | {"num_hidden_layers": 3}),
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=WINDOWS[kind],
+            layer_types=types,
+            rope_parameters=rope,
+            final_logit_softcapping=10.0,
+        )
     raise ValueError(kind)
 
 
@@ -67,15 +125,17 @@ def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path
 
 
 def random_model(config, seed: int = 0):
-    """A float32 transformers model of ``config``, every parameter random, norms around 1."""
+    """A float32 transformers model of ``config``, every parameter random, norms around 1 (as
+    applied: Gemma's norms scale by ``1 + w``, so their weights lie around 0)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    norm_center = 0.0 if config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+                param.copy_(norm_center + 0.2 * torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
     return model
