@@ -93,6 +93,7 @@ class ModelConfig:
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope = rope.get("full_attention") or rope  # Gemma 3: by layer type; the global layers'
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(

@@ -103,16 +103,16 @@ def tiny_config(kind: str, **overrides):
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
         }
-        types = ["sliding_attention", "full_attention", "sliding_attention"]
-        return Gemma3TextConfig(
-            **(common | {"num_hidden_layers": 3}),
-            head_dim=16,
-            query_pre_attn_scalar=24,
-            sliding_window=WINDOWS[kind],
-            layer_types=types,
-            rope_parameters=rope,
-            final_logit_softcapping=10.0,
-        )
+        gemma = {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": WINDOWS[kind],
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": rope,
+            "final_logit_softcapping": 10.0,
+        }
+        return Gemma3TextConfig(**(COMMON | gemma | overrides))
     raise ValueError(kind)
 
 
@@ -185,16 +185,43 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
-    """A tiny random llama with the default model's tokenizer and chat template (49,152
-    tokens), so that stop strings, regexes and chat prompts work on it."""
+# Chat templates in the shape of the families' own (their turn markers, spelt in the default
+# model's vocabulary): Phi-3's <|role|> ... <|end|>; Gemma 3's <start_of_turn>, with the
+# "model" role and no system role (a system message is folded into the first user turn).
+PHI3_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m.role == 'system' %}{% set ns.system = m.content + '\n\n' %}"
+    "{% else %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+    "{% if m.role == 'user' %}{{ ns.system }}{% set ns.system = '' %}{% endif %}"
+    "{{ m.content | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+CHAT_TEMPLATES = {"phi3": PHI3_TEMPLATE, "phi3_longrope": PHI3_TEMPLATE, "gemma3": GEMMA3_TEMPLATE}
+
+
+def make_tiny_model_with_tokenizer(kind: str, folder: Path, **overrides) -> Path:
+    """A tiny random ``kind`` model with the default model's tokenizer (49,152 tokens), so that
+    stop strings, regexes and chat prompts work on it; its chat template is the default
+    model's, or the family's shape from ``CHAT_TEMPLATES``."""
     import shutil
 
     from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
-    path = make_tiny_model("llama", folder, vocab_size=49152, **overrides)
+    path = make_tiny_model(kind, folder, vocab_size=49152, **overrides)
     source = load_model_files(DEFAULT_MODEL).path
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (source / name).exists():
             shutil.copy(source / name, path / name)
+    if kind in CHAT_TEMPLATES:
+        (path / "chat_template.jinja").write_text(CHAT_TEMPLATES[kind])
     return path
+
+
+def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
+    """A tiny random llama with the default model's tokenizer and chat template (49,152
+    tokens), so that stop strings, regexes and chat prompts work on it."""
+    return make_tiny_model_with_tokenizer("llama", folder, **overrides)
