@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import LONGROPE_ORIGINAL, WINDOWS, load_reference, make_tiny_model, tiny_config
+from tiny_models import (
+    LONGROPE_ORIGINAL,
+    WINDOWS,
+    load_reference,
+    make_tiny_gemma3_multimodal,
+    make_tiny_model,
+    tiny_config,
+)
 
 from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
@@ -91,6 +98,24 @@ def test_which_layers_are_windowed_and_which_rope_they_take():
     # The older sliding_window_pattern: every 6th layer global.
     config = tiny_config("gemma3", num_hidden_layers=7, layer_types=None, sliding_window_pattern=6)
     assert LlamaArch.from_config(config).layer_windows == (window,) * 5 + (None, window)
+
+
+def test_a_multimodal_gemma3_folder_runs_its_language_model(tmp_path):
+    """A Gemma3ForConditionalGeneration folder: its text model, read from the language_model
+    prefix, matches transformers' multimodal model on text."""
+    folder = make_tiny_gemma3_multimodal(tmp_path / "gemma3")
+    runner = ModelRunner(folder, num_blocks=16, block_size=4)
+    assert runner.model.arch.model_type == "gemma3_text"
+    assert runner.files.config.num_layers == 3 and runner.files.config.head_dim == 16
+    hf = load_reference(folder)
+    ids = [(7 * i + 3) % 150 for i in range(23)]
+    table = list(range(6))
+    first = runner.forward([SequenceInput(ids[:13], 0, table)])
+    rest = runner.forward([SequenceInput(ids[13:], 13, table)])
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(first.logits[0], want[12], atol=2e-4, rtol=0)
+    torch.testing.assert_close(rest.logits[0], want[-1], atol=2e-4, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,34 @@ def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path
     return folder
 
 
+def make_tiny_gemma3_multimodal(folder: Path, seed: int = 0) -> Path:
+    """A random ``Gemma3ForConditionalGeneration`` (the gemma3 kind's text model beside a
+    one-layer SigLIP tower) saved as transformers saves it: the language model's weights under
+    ``language_model.``."""
+    from transformers import Gemma3Config, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    # No final logit cap, as in Gemma 3's configs: transformers' multimodal model never
+    # applies one (its text-only model does).
+    config = Gemma3Config(
+        text_config=tiny_config("gemma3", final_logit_softcapping=None).to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=157,
+        eoi_token_index=158,
+        image_token_index=159,
+    )
+    random_model(config, seed).save_pretrained(folder)
+    return folder
+
+
 def random_model(config, seed: int = 0):
     """A float32 transformers model of ``config``, every parameter random, norms around 1 (as
     applied: Gemma's norms scale by ``1 + w``, so their weights lie around 0)."""
@@ -132,6 +160,7 @@ def random_model(config, seed: int = 0):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     norm_center = 0.0 if config.model_type.startswith("gemma") else 1.0
+    # (A multimodal Gemma's vision tower has LayerNorms, drawn around 0 too: not under test.)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -85,3 +85,45 @@ def family_fields(config: Any, model_type: str, head_dim: int) -> dict[str, Any]
         "sandwich_norms": True,
         "final_logit_softcap": None if cap is None else float(cap),
     }
+
+
+# Multimodal wrappers whose language model runs here (its text only: no image inputs).
+MULTIMODAL_TYPES = ("gemma3",)
+
+
+def text_config(config: Any) -> Any:
+    """A multimodal wrapper's language-model config (Gemma 3's ``text_config``), else
+    ``config``."""
+    if getattr(config, "model_type", None) in MULTIMODAL_TYPES:
+        return config.text_config
+    return config
+
+
+class LanguageModelWeights:
+    """A multimodal checkpoint's language-model tensors under the text model's names.
+
+    ``Gemma3ForConditionalGeneration`` saves ``model.*`` and ``lm_head.weight`` of its language
+    model as ``language_model.model.*`` and ``language_model.lm_head.weight`` (transformers 4's
+    layout, which 5 keeps on disk), or, in 5's module layout, ``model.language_model.*``; the
+    vision tower and projector are never read.
+    """
+
+    def __init__(self, weights: Any) -> None:
+        self._weights = weights
+
+    def _name(self, name: str) -> str:
+        inner = name.removeprefix("model.")
+        for candidate in (
+            "language_model." + name,
+            "model.language_model." + inner,
+            name,
+        ):
+            if self._weights.has(candidate):
+                return candidate
+        return name
+
+    def has(self, name: str) -> bool:
+        return self._weights.has(self._name(name))
+
+    def get(self, name: str) -> Any:
+        return self._weights.get(self._name(name))

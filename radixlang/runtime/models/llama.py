@@ -26,7 +26,14 @@ from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
 from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
-from radixlang.runtime.models.families import ACTIVATIONS, family_fields, rope_fields
+from radixlang.runtime.models.families import (
+    ACTIVATIONS,
+    MULTIMODAL_TYPES,
+    LanguageModelWeights,
+    family_fields,
+    rope_fields,
+    text_config,
+)
 from radixlang.runtime.models.linear import (
     Int8Linear,
     InvariantLinear,
@@ -84,7 +91,9 @@ class LlamaArch:
 
     @classmethod
     def from_config(cls, config: Any) -> LlamaArch:
-        """From a transformers config object (or anything with the same attributes)."""
+        """From a transformers config object (or anything with the same attributes); of a
+        multimodal wrapper (Gemma 3), its language model's."""
+        config = text_config(config)
         model_type = getattr(config, "model_type", "?")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
@@ -293,6 +302,10 @@ class LlamaForCausalLM:
         deterministic: bool,
     ) -> LlamaForCausalLM:
         arch = LlamaArch.from_config(config)
+        if getattr(config, "model_type", None) in MULTIMODAL_TYPES:
+            if quantization == "gguf":
+                raise UnsupportedModelError("a multimodal GGUF file is not supported")
+            weights = LanguageModelWeights(weights)
         device = torch.device(device)
         # Float linears of a small model keep the invariant kernel for small batches too.
         small_batch = (
