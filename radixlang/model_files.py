@@ -90,26 +90,30 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        heads = int(raw["num_attention_heads"])
-        hidden = int(raw["hidden_size"])
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        eos = raw.get("eos_token_id")
+        # A multimodal wrapper (Gemma 3) describes its language model in text_config; the
+        # token ids and the architecture stay the wrapper's.
+        text = _text_config(raw)
+        heads = int(text["num_attention_heads"])
+        hidden = int(text["hidden_size"])
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        rope = rope.get("full_attention") or rope  # Gemma 3: by layer type; the global layers'
+        eos = raw.get("eos_token_id", text.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
             architecture=(raw.get("architectures") or ["?"])[0],
             model_type=raw.get("model_type", "?"),
-            num_layers=int(raw["num_hidden_layers"]),
+            num_layers=int(text["num_hidden_layers"]),
             hidden_size=hidden,
-            intermediate_size=int(raw.get("intermediate_size", 0)),
+            intermediate_size=int(text.get("intermediate_size", 0)),
             num_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            vocab_size=int(raw["vocab_size"]),
-            max_context=int(raw.get("max_position_embeddings", 0)),
-            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            bos_token_id=raw.get("bos_token_id"),
+            num_kv_heads=int(text.get("num_key_value_heads") or heads),
+            head_dim=int(text.get("head_dim") or hidden // heads),
+            vocab_size=int(text["vocab_size"]),
+            max_context=int(text.get("max_position_embeddings", 0)),
+            rope_theta=float(text.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            bos_token_id=raw.get("bos_token_id", text.get("bos_token_id")),
             eos_token_ids=eos_ids,
             dtype=raw.get("dtype") or raw.get("torch_dtype"),
             raw=raw,
@@ -118,6 +122,24 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V one token occupies across all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+# What a text config must state for ModelConfig; a multimodal wrapper's text_config on the Hub
+# often leaves its defaults out.
+_TEXT_FIELDS = ("num_attention_heads", "hidden_size", "num_hidden_layers", "vocab_size")
+
+
+def _text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw``, or a multimodal wrapper's ``text_config`` with transformers' defaults for the
+    fields it leaves out (imports transformers only then)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        return raw
+    if all(k in text for k in _TEXT_FIELDS) or "model_type" not in text:
+        return text
+    from transformers import CONFIG_MAPPING
+
+    return dict(CONFIG_MAPPING[text["model_type"]](**text).to_dict())
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,26 @@ def test_rope_theta_is_read_from_rope_parameters(tmp_path):
     assert load_model_files(tmp_path).config.rope_theta == 123.0
 
 
+def test_gemma3_configs_are_read_by_layer_type_and_from_text_config(tmp_path):
+    # A multimodal Gemma 3 config as on the Hub: the text model's defaults left out (read from
+    # transformers), token ids the wrapper's.
+    raw = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "eos_token_id": [1, 106],
+           "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+                           "num_hidden_layers": 34, "intermediate_size": 10240,
+                           "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    c = load_model_files(tmp_path).config
+    assert (c.model_type, c.num_layers, c.num_heads, c.num_kv_heads) == ("gemma3", 34, 8, 4)
+    assert (c.head_dim, c.vocab_size, c.eos_token_ids) == (256, 262208, (1, 106))
+    assert c.rope_theta == 1e6 and c.tie_word_embeddings
+    # A text model's rope_parameters by layer type: the global layers' theta.
+    rope = {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}
+    text = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 160, "rope_parameters": rope}  # fmt: skip
+    assert models.ModelConfig.from_dict(text).rope_theta == 1e6
+
+
 def test_a_folder_without_config_is_refused(tmp_path):
     with pytest.raises(ModelNotFoundError, match=r"without a config\.json"):
         load_model_files(tmp_path)

@@ -12,7 +12,14 @@ import random
 
 import pytest
 import torch
-from tiny_models import KINDS, load_reference, make_tiny_model
+from tiny_models import (
+    KINDS,
+    LONGROPE_ORIGINAL,
+    load_reference,
+    make_tiny_model,
+    reference_greedy,
+    stepped_engine,
+)
 
 from radixlang.model_files import load_model_files
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
@@ -154,6 +161,32 @@ def test_tiny_models_match_transformers(tiny_folders, kind):
     check_packed_batch(case)
 
 
+@pytest.mark.parametrize("kind", ["phi3", "phi3_longrope", "gemma3"])
+def test_greedy_tokens_match_transformers_on_32_prompts(tiny_folders, kind):
+    """The engine's greedy continuations token for token as transformers' ``generate``: 8
+    prompts first, then all 32 in one batch (half of them sharing a prefix with another, the
+    first 8 whole prompts with the cache where the model has no window on every layer). Every
+    prompt is longer than phi3_longrope's original context: both run on the long factors."""
+    rng = random.Random(f"greedy-{kind}")
+    heads = [[rng.randrange(3, 160) for _ in range(20)] for _ in range(4)]
+    prompts = []
+    for i in range(32):
+        head = heads[i % 4][: rng.randrange(LONGROPE_ORIGINAL + 1, 21)] if i % 2 else []
+        tail = [rng.randrange(3, 160) for _ in range(rng.randrange(LONGROPE_ORIGINAL + 1, 30))]
+        prompts.append(head + tail)
+    reference = load_reference(tiny_folders[kind])
+    want = [reference_greedy(reference, p, 10) for p in prompts]
+    greedy = {"temperature": 0, "ignore_eos": True, "max_new_tokens": 10}
+    eng = stepped_engine(tiny_folders[kind])
+    first = eng.generate(prompts[:8], [greedy] * 8)
+    assert [r.output_ids for r in first] == want[:8]
+    got = eng.generate(prompts, [greedy] * 32)
+    assert [r.output_ids for r in got] == want
+    if eng.runner.sliding_window is None:
+        assert sum(r.cached_tokens for r in got) > 0
+    eng.check_integrity()
+
+
 def test_block_size_other_than_16(tiny_folders):
     case = tiny_case(tiny_folders, "llama", block_size=5)
     check_prefix_then_extend(case, prefix=12)
@@ -178,9 +211,12 @@ def test_default_model_packed_shuffled_batch(default_case):
     check_packed_batch(default_case)
 
 
-def test_triton_path_matches_torch_path_through_the_model(tiny_folders, monkeypatch):
+# qwen3: q/k norms; gemma3: a query scale apart from head_dim's and windowed layers beside
+# global ones; phi3_longrope: partial rotary.
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3", "phi3_longrope"])
+def test_triton_path_matches_torch_path_through_the_model(tiny_folders, monkeypatch, kind):
     """The whole forward pass with the Triton kernels (interpreted on CPU) as with torch's."""
-    case = tiny_case(tiny_folders, "qwen3")
+    case = tiny_case(tiny_folders, kind)
     a, b, _, _ = case.prompts
     ta, tb = case.table(len(a)), case.table(len(b))
     batches = [

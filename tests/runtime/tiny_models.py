@@ -21,13 +21,34 @@ COMMON = dict(
     rms_norm_eps=1e-6,
 )
 
-KINDS = ("llama", "llama3_rope", "mistral", "mistral_window", "qwen2", "qwen2_window", "qwen3")
+KINDS = (
+    "llama",
+    "llama3_rope",
+    "mistral",
+    "mistral_window",
+    "qwen2",
+    "qwen2_window",
+    "qwen3",
+    "phi3",
+    "phi3_longrope",
+    "gemma3",
+)
 # The sliding windows of the windowed kinds: short, so that tests' sequences outgrow them.
-WINDOWS = {"mistral_window": 8, "qwen2_window": 6}
+WINDOWS = {"mistral_window": 8, "qwen2_window": 6, "phi3": 10, "gemma3": 6}
+# phi3_longrope's pretraining length: every test sequence but one-token ones is longer, so that
+# transformers runs it on the long factors, as the runner always does (see models/rope.py).
+LONGROPE_ORIGINAL = 8
 
 
 def tiny_config(kind: str, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     common = COMMON | overrides
 
@@ -55,6 +76,43 @@ def tiny_config(kind: str, **overrides):
     if kind == "qwen3":
         # head_dim apart from hidden / heads, as in the real Qwen3 models.
         return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False)
+    # Phi-3's default token ids lie past the tiny vocabulary.
+    phi_ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    if kind == "phi3":
+        # Fused qkv_proj and gate_up_proj; a window on every layer, as Phi-3-mini-4k has.
+        return Phi3Config(**(phi_ids | common), sliding_window=WINDOWS[kind])
+    if kind == "phi3_longrope":
+        # Phi-4-mini's shape: LongRoPE over the first 3/4 of each head (12 of 16 dims, 6
+        # frequencies), untied output.
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.5],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0],
+        }
+        return Phi3Config(
+            **(phi_ids | common),
+            rope_parameters=rope,
+            original_max_position_embeddings=LONGROPE_ORIGINAL,
+        )
+    if kind == "gemma3":
+        # Local (windowed) and global layers with their own rotary bases, the global one
+        # linearly scaled; query_pre_attn_scalar apart from head_dim; a final logit cap.
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+        }
+        gemma = {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": WINDOWS[kind],
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": rope,
+            "final_logit_softcapping": 10.0,
+        }
+        return Gemma3TextConfig(**(COMMON | gemma | overrides))
     raise ValueError(kind)
 
 
@@ -66,16 +124,47 @@ def make_tiny_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path
     return folder
 
 
+def make_tiny_gemma3_multimodal(folder: Path, seed: int = 0) -> Path:
+    """A random ``Gemma3ForConditionalGeneration`` (the gemma3 kind's text model beside a
+    one-layer SigLIP tower) saved as transformers saves it: the language model's weights under
+    ``language_model.``."""
+    from transformers import Gemma3Config, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    # No final logit cap, as in Gemma 3's configs: transformers' multimodal model never
+    # applies one (its text-only model does).
+    config = Gemma3Config(
+        text_config=tiny_config("gemma3", final_logit_softcapping=None).to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=157,
+        eoi_token_index=158,
+        image_token_index=159,
+    )
+    random_model(config, seed).save_pretrained(folder)
+    return folder
+
+
 def random_model(config, seed: int = 0):
-    """A float32 transformers model of ``config``, every parameter random, norms around 1."""
+    """A float32 transformers model of ``config``, every parameter random, norms around 1 (as
+    applied: Gemma's norms scale by ``1 + w``, so their weights lie around 0)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    norm_center = 0.0 if config.model_type.startswith("gemma") else 1.0
+    # (A multimodal Gemma's vision tower has LayerNorms, drawn around 0 too: not under test.)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+                param.copy_(norm_center + 0.2 * torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
     return model
@@ -125,16 +214,43 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
-    """A tiny random llama with the default model's tokenizer and chat template (49,152
-    tokens), so that stop strings, regexes and chat prompts work on it."""
+# Chat templates in the shape of the families' own (their turn markers, spelt in the default
+# model's vocabulary): Phi-3's <|role|> ... <|end|>; Gemma 3's <start_of_turn>, with the
+# "model" role and no system role (a system message is folded into the first user turn).
+PHI3_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m.role == 'system' %}{% set ns.system = m.content + '\n\n' %}"
+    "{% else %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+    "{% if m.role == 'user' %}{{ ns.system }}{% set ns.system = '' %}{% endif %}"
+    "{{ m.content | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+CHAT_TEMPLATES = {"phi3": PHI3_TEMPLATE, "phi3_longrope": PHI3_TEMPLATE, "gemma3": GEMMA3_TEMPLATE}
+
+
+def make_tiny_model_with_tokenizer(kind: str, folder: Path, **overrides) -> Path:
+    """A tiny random ``kind`` model with the default model's tokenizer (49,152 tokens), so that
+    stop strings, regexes and chat prompts work on it; its chat template is the default
+    model's, or the family's shape from ``CHAT_TEMPLATES``."""
     import shutil
 
     from radixlang.model_files import DEFAULT_MODEL, load_model_files
 
-    path = make_tiny_model("llama", folder, vocab_size=49152, **overrides)
+    path = make_tiny_model(kind, folder, vocab_size=49152, **overrides)
     source = load_model_files(DEFAULT_MODEL).path
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (source / name).exists():
             shutil.copy(source / name, path / name)
+    if kind in CHAT_TEMPLATES:
+        (path / "chat_template.jinja").write_text(CHAT_TEMPLATES[kind])
     return path
+
+
+def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
+    """A tiny random llama with the default model's tokenizer and chat template (49,152
+    tokens), so that stop strings, regexes and chat prompts work on it."""
+    return make_tiny_model_with_tokenizer("llama", folder, **overrides)

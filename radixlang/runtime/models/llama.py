@@ -1,10 +1,13 @@
-"""The Llama family over the paged KV cache: Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3.
+"""The Llama family over the paged KV cache: Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3,
+Gemma 3 (text).
 
-One implementation covers them: RMSNorm, rotary embeddings (default, linear, llama3 scaling),
-grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3),
-tied or separate output embeddings, sliding-window attention (Mistral; Qwen2/3 with
-``use_sliding_window`` on their upper layers). Weights are plain tensors (q/k/v and gate/up fused
-into one matmul each) read from a Hugging Face safetensors folder.
+One implementation covers them: RMSNorm, rotary embeddings (default, linear, llama3, longrope;
+partial rotary), grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2) and per-head q/k
+norms (Qwen3), tied or separate output embeddings, sliding-window attention (Mistral; Qwen2/3
+with ``use_sliding_window`` on their upper layers; Phi-3), and the fields Gemma 3 adds (see
+``families.py``). Weights are plain tensors (q/k/v and gate/up fused into one matmul each,
+whether the checkpoint stores them apart or fused, as Phi-3 does) read from a Hugging Face
+safetensors folder.
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, KVShape
 from radixlang.runtime.models.block_linear import BlockEmbedding, BlockLinear
+from radixlang.runtime.models.families import (
+    ACTIVATIONS,
+    MULTIMODAL_TYPES,
+    LanguageModelWeights,
+    family_fields,
+    rope_fields,
+    text_config,
+)
 from radixlang.runtime.models.linear import (
     Int8Linear,
     InvariantLinear,
@@ -30,11 +41,11 @@ from radixlang.runtime.models.linear import (
     make_linear,
     small_batch_kernel,
 )
-from radixlang.runtime.models.rope import RopeTable, apply_rotary, cos_sin, inverse_frequencies
+from radixlang.runtime.models.rope import Rotary, apply_rotary
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 # Those whose transformers implementation applies a config's sliding window.
-WINDOWED_MODEL_TYPES = ("mistral", "qwen2", "qwen3")
+WINDOWED_MODEL_TYPES = ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,19 @@ class LlamaArch:
     # Per layer: the sliding window (the token at position p sees p - W + 1 .. p), or None
     # for full attention. Empty means full attention everywhere.
     layer_windows: tuple[int | None, ...] = ()
+    # The leading dims of each head that are rotated (0: all of them; Phi-4-mini: 3/4), and
+    # the rope of the windowed layers where it is not ``rope_parameters`` (Gemma 3's local).
+    rotary_dim: int = 0
+    local_rope_parameters: dict[str, Any] | None = field(default=None, hash=False)
+    activation: str = "silu"
+    attn_scale: float = 0.0  # the queries' softmax scale; 0: head_dim ** -0.5
+    # Gemma: embeddings times this (rounded to the model's dtype, as transformers does), norm
+    # weights applied as ``norm_offset + w``, the attention's and the MLP's outputs normed
+    # before the residual add (``sandwich_norms``), logits capped at +-``final_logit_softcap``.
+    embed_scale: float | None = None
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    final_logit_softcap: float | None = None
 
     @property
     def linear_weights(self) -> int:
@@ -67,21 +91,17 @@ class LlamaArch:
 
     @classmethod
     def from_config(cls, config: Any) -> LlamaArch:
-        """From a transformers config object (or anything with the same attributes)."""
+        """From a transformers config object (or anything with the same attributes); of a
+        multimodal wrapper (Gemma 3), its language model's."""
+        config = text_config(config)
         model_type = getattr(config, "model_type", "?")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model type {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"activation {config.hidden_act!r} is not supported")
-        if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
-            raise UnsupportedModelError("partial rotary embeddings are not supported")
         heads = int(config.num_attention_heads)
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        rope.setdefault("rope_theta", float(getattr(config, "rope_theta", 10000.0)))
-        max_context = int(config.max_position_embeddings)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         return cls(
             model_type=model_type,
             vocab_size=int(config.vocab_size),
@@ -90,13 +110,13 @@ class LlamaArch:
             num_layers=int(config.num_hidden_layers),
             num_heads=heads,
             num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(config.rms_norm_eps),
-            rope_parameters=rope,
-            max_context=max_context,
-            qk_norm=model_type == "qwen3",
+            max_context=int(config.max_position_embeddings),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             layer_windows=_layer_windows(config),
+            **rope_fields(config, model_type, head_dim),
+            **family_fields(config, model_type, head_dim),
         )
 
     @property
@@ -174,9 +194,12 @@ class LayerWeights:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o: AnyLinear
-    post_norm: torch.Tensor
+    post_norm: torch.Tensor  # before the MLP (Gemma's pre_feedforward_layernorm)
     gate_up: AnyLinear  # hidden -> 2 * intermediate
     down: AnyLinear
+    # Gemma's sandwich norms: over the attention's and the MLP's outputs before the residual.
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
 
 
 class LlamaForCausalLM:
@@ -206,11 +229,25 @@ class LlamaForCausalLM:
         self.lm_head = lm_head
         self.dtype = embed.dtype
         self.device = embed.device
-        self.inv_freq = inverse_frequencies(arch.head_dim, arch.rope_parameters).to(self.device)
-        self.scale = arch.head_dim**-0.5
+        self.scale = arch.attn_scale or arch.head_dim**-0.5
         self.deterministic = deterministic
-        self.rope_table = (
-            RopeTable(self.inv_freq, arch.max_context, self.dtype) if deterministic else None
+        rotary_dim = arch.rotary_dim or arch.head_dim
+        self.rotary = Rotary(
+            rotary_dim, arch.rope_parameters, arch.max_context, self.dtype, self.device,
+            deterministic,
+        )  # fmt: skip
+        local = arch.local_rope_parameters
+        self.local_rotary = (
+            None
+            if local is None
+            else Rotary(rotary_dim, local, arch.max_context, self.dtype, self.device, deterministic)
+        )
+        self.activation = ACTIVATIONS[arch.activation]
+        # As transformers: the scale rounded to the embeddings' dtype, then the product.
+        self.embed_scale = (
+            None
+            if arch.embed_scale is None
+            else float(torch.tensor(arch.embed_scale).to(self.dtype).float())
         )
 
     @classmethod
@@ -265,6 +302,10 @@ class LlamaForCausalLM:
         deterministic: bool,
     ) -> LlamaForCausalLM:
         arch = LlamaArch.from_config(config)
+        if getattr(config, "model_type", None) in MULTIMODAL_TYPES:
+            if quantization == "gguf":
+                raise UnsupportedModelError("a multimodal GGUF file is not supported")
+            weights = LanguageModelWeights(weights)
         device = torch.device(device)
         # Float linears of a small model keep the invariant kernel for small batches too.
         small_batch = (
@@ -279,6 +320,16 @@ class LlamaForCausalLM:
 
         def maybe(name: str) -> torch.Tensor | None:
             return load(name) if weights.has(name) else None
+
+        def norm(name: str) -> torch.Tensor:
+            # Gemma's ``1 + w``, added in float32 once here rather than per forward.
+            if not arch.norm_offset:
+                return load(name)
+            weight = weights.get(name).float() + arch.norm_offset
+            return weight.to(device=device, dtype=dtype).contiguous()
+
+        def maybe_norm(name: str) -> torch.Tensor | None:
+            return norm(name) if weights.has(name) else None
 
         def linear(names: list[str], bias: torch.Tensor | None = None) -> AnyLinear:
             if quantization in QUANTIZE_AT_LOAD:
@@ -307,22 +358,39 @@ class LlamaForCausalLM:
         for i in range(arch.num_layers):
             p = f"model.layers.{i}."
             attn = p + "self_attn."
-            biases = [maybe(attn + f"{n}_proj.bias") for n in "qkv"]
-            if any(b is not None for b in biases) and any(b is None for b in biases):
-                raise UnsupportedModelError("q/k/v biases must be all present or all absent")
+            # Phi-3 stores q/k/v and gate/up fused, in the order the forward pass splits them.
+            if weights.has(attn + "qkv_proj.weight"):
+                qkv = linear([attn + "qkv_proj.weight"], maybe(attn + "qkv_proj.bias"))
+            else:
+                biases = [maybe(attn + f"{n}_proj.bias") for n in "qkv"]
+                if any(b is not None for b in biases) and any(b is None for b in biases):
+                    raise UnsupportedModelError("q/k/v biases must be all present or all absent")
+                qkv = linear(
+                    [attn + f"{n}_proj.weight" for n in "qkv"],
+                    None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
+                )
+            if weights.has(p + "mlp.gate_up_proj.weight"):
+                gate_up = linear([p + "mlp.gate_up_proj.weight"])
+            else:
+                gate_up = linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            # Gemma: post_attention_layernorm norms the attention's output; the MLP's input
+            # norm is pre_feedforward_layernorm, and post_feedforward_layernorm its output's.
+            sandwich = arch.sandwich_norms
+            mlp_norm = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
             layers.append(
                 LayerWeights(
-                    input_norm=load(p + "input_layernorm.weight"),
-                    qkv=linear(
-                        [attn + f"{n}_proj.weight" for n in "qkv"],
-                        None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
-                    ),
-                    q_norm=maybe(attn + "q_norm.weight") if arch.qk_norm else None,
-                    k_norm=maybe(attn + "k_norm.weight") if arch.qk_norm else None,
+                    input_norm=norm(p + "input_layernorm.weight"),
+                    qkv=qkv,
+                    q_norm=maybe_norm(attn + "q_norm.weight") if arch.qk_norm else None,
+                    k_norm=maybe_norm(attn + "k_norm.weight") if arch.qk_norm else None,
                     o=linear([attn + "o_proj.weight"], maybe(attn + "o_proj.bias")),
-                    post_norm=load(p + "post_attention_layernorm.weight"),
-                    gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                    post_norm=norm(p + mlp_norm + ".weight"),
+                    gate_up=gate_up,
                     down=linear([p + "mlp.down_proj.weight"]),
+                    attn_out_norm=norm(p + "post_attention_layernorm.weight") if sandwich else None,
+                    mlp_out_norm=norm(p + "post_feedforward_layernorm.weight")
+                    if sandwich
+                    else None,
                 )
             )
         embed_blocks = (
@@ -349,7 +417,7 @@ class LlamaForCausalLM:
                 deterministic=deterministic,
                 small_batch=small_batch,
             )
-        return cls(arch, embed, layers, load("model.norm.weight"), lm_head, deterministic)
+        return cls(arch, embed, layers, norm("model.norm.weight"), lm_head, deterministic)
 
     @property
     def num_parameter_bytes(self) -> int:
@@ -371,10 +439,10 @@ class LlamaForCausalLM:
         heads, kv_heads, head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
         tokens = batch.num_tokens
         n_ext, n_ext_seqs = batch.num_extend_tokens, batch.num_extend_seqs
-        if self.rope_table is not None:
-            cos, sin = self.rope_table.lookup(batch.positions)
-        else:
-            cos, sin = cos_sin(self.inv_freq, batch.positions, self.dtype)
+        rope = self.rotary.cos_sin(batch.positions)
+        local_rope = (
+            rope if self.local_rotary is None else self.local_rotary.cos_sin(batch.positions)
+        )
         deterministic = self.deterministic
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         eps = arch.rms_norm_eps
@@ -385,6 +453,8 @@ class LlamaForCausalLM:
             residual = F.embedding(batch.input_ids, self.embed)
         else:
             residual = self.embed(batch.input_ids)
+        if self.embed_scale is not None:
+            residual = residual * self.embed_scale
         # Each branch's output is added to the residual stream by the norm that follows it (one
         # native call on CPUs, in place): the MLP's by the next layer's input norm. Deterministic
         # mode keeps torch's ops, bit for bit F.rms_norm as the reference models compute it: the
@@ -394,6 +464,8 @@ class LlamaForCausalLM:
         pending: torch.Tensor | None = None
         for i, layer in enumerate(self.layers):
             normed = add_rms_norm(residual, pending, layer.input_norm, eps, fused)
+            window = arch.window_of(i)
+            cos, sin = rope if window is None else local_rope
             qkv = layer.qkv(normed)
             v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
             if layer.q_norm is None:
@@ -409,19 +481,24 @@ class LlamaForCausalLM:
                 k = apply_rotary(k, cos, sin)
             cache = kv.layers[i]
             kernels.store_kv(k, v, batch.slot_mapping, cache)
-            window = arch.window_of(i)
             plan = plans.get(window)
             if plan is None:
                 plan = plans[window] = _AttentionPlans.build(batch, cache, q, window, deterministic)
             attn = self._attention(batch, cache, q, k, v, n_ext, n_ext_seqs, plan)
             attn_out = layer.o(attn.view(tokens, q_width))
+            if layer.attn_out_norm is not None:
+                attn_out = _rms_norm(attn_out, layer.attn_out_norm, eps)
             normed = add_rms_norm(residual, attn_out, layer.post_norm, eps, fused)
             gate, up = layer.gate_up(normed).chunk(2, dim=-1)
-            pending = layer.down(F.silu(gate) * up)
+            pending = layer.down(self.activation(gate) * up)
+            if layer.mlp_out_norm is not None:
+                pending = _rms_norm(pending, layer.mlp_out_norm, eps)
         if pending is not None:
             residual.add_(pending)
         last = _rms_norm(residual.index_select(0, logit_rows), self.norm, eps)
-        return self.lm_head(last).float()
+        logits = self.lm_head(last).float()
+        cap = arch.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _attention(
         self,
