@@ -134,3 +134,13 @@ def test_bench_token_healing_quick_writes_json_and_plot(tmp_path, chat_model_dir
     # Every prompt of the cut set ends inside a longer token: healing backs each one up.
     assert saved["sets"]["cut"]["healed_share"] == 1.0
     assert (tmp_path / "bench_token_healing.png").stat().st_size > 0
+
+
+def test_bench_tool_masks_quick_writes_json_and_plot(tmp_path):
+    bench = load("bench_tool_masks")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_tool_masks.json").read_text())
+    assert saved["cases"] == result["cases"] and len(saved["cases"]) == 3
+    for case in saved["cases"].values():
+        assert case["text_us_per_token"]["median"] > 0 and case["call_tokens"] > 5
+    assert (tmp_path / "bench_tool_masks.png").stat().st_size > 0
