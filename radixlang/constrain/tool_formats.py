@@ -35,6 +35,8 @@ _LAYOUTS = ((", ", ": "), (",", ":"), (", ", ":"), (",", ": "))
 # A marker that opens the calls: a tag, a bracketed control word, or a special token.
 _MARKER = re.compile(r"<\|[^|<>\s]+\|>|</?[A-Za-z_][^<>\s]*>|\[[A-Z_]+\]")
 ID_CHARS = "[A-Za-z0-9]"
+# A thinking block at the start of an assistant turn (Qwen3, DeepSeek-R1; Magistral's tags).
+_THINKING = re.compile(r"(?s:<think>.*?</think>|\[THINK\].*?\[/THINK\])\s*")
 
 
 class ToolFormatError(ValueError):
@@ -326,7 +328,7 @@ def derive_format(render: Render, name: str = "template") -> ToolFormat:
                 "the chat template writes a turn with tool calls that does not continue its "
                 "generation prompt"
             )
-        text = text[len(prompt) :]
+        text = _without_thinking(text[len(prompt) :])
         return text[: len(text) - len(end_of_turn)] if text.endswith(end_of_turn) else text
 
     one = region(_PROBES[:1], "")
@@ -350,6 +352,14 @@ def derive_format(render: Render, name: str = "template") -> ToolFormat:
     text_before = _text_before(region, head)
     id_length = len(_PROBES[0][2]) if any(k == "id" for k, _ in pieces) else None
     return ToolFormat(name, head, tuple(pieces), between, tail, text_before, *layout, id_length)
+
+
+def _without_thinking(text: str) -> str:
+    """``text`` without the thinking block a reasoning model's template opens its last turn
+    with (Qwen3's ``<think>\n\n</think>\n\n``): the thinking comes before the answer, under
+    the reasoning constraint, and the calls are the answer's."""
+    found = _THINKING.match(text)
+    return text[found.end() :] if found else text
 
 
 def _turn_end(render: Render, base: list[dict[str, Any]], prompt: str) -> str:

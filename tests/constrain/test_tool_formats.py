@@ -296,3 +296,17 @@ def test_a_started_bare_json_call_is_held_to_a_valid_call(engine):
     for token in engine.tokenizer.encode('{"nam is text', add_special_tokens=False):
         text_start.advance(token)
     assert text_start.may_end()
+
+
+def test_a_reasoning_template_s_thinking_block_is_not_part_of_the_calls():
+    """Qwen3's template opens the last assistant turn with a thinking block: the format is the
+    Hermes one after it (the thinking is the reasoning constraint's, before the answer's)."""
+    from tool_templates import QWEN3
+
+    chat = JinjaChat(QWEN3)
+    fmt = derive_format(from_jinja_render(chat))
+    assert (fmt.head, fmt.between, fmt.tail) == (HERMES.head, HERMES.between, HERMES.tail)
+    assert fmt.text_before == "\n" and fmt.trigger == "<tool_call>"
+    calls = [("get_time", {"zone": "utc"}, "x")]
+    rendered = chat.apply_chat_template([*MESSAGES, call_message(calls, "Checking.")])
+    assert rendered.endswith("</think>\n\nChecking." + "\n" + fmt.render(calls) + "<|im_end|>\n")

@@ -112,3 +112,25 @@ def call_message(calls: list[tuple[str, Any, str]], content: str = "") -> dict[s
             for n, a, i in calls
         ],
     }
+
+
+# Qwen3: a reasoning model's; the last assistant turn after the user's question opens with its
+# thinking block (empty when it has none), the calls after the content.
+QWEN3 = """\
+{%- set ns = namespace(last_query=messages | length - 1) %}
+{%- for m in messages[::-1] %}{% set i = messages | length - 1 - loop.index0 %}
+{%- if m.role == 'user' and ns.last_query == messages | length - 1 %}{% set ns.last_query = i %}
+{%- endif %}{% endfor %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}{% set content = m.content or '' %}
+{%- set reasoning = m.reasoning_content or '' %}
+{%- if loop.index0 > ns.last_query %}
+{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content }}
+{%- else %}{{ '<|im_start|>assistant\\n' + content }}{% endif %}
+{%- for c in m.tool_calls or [] %}{% if (loop.first and content) or not loop.first %}
+{{- '\\n' }}{% endif %}{% set f = c.function %}
+{{- '<tool_call>\\n{"name": "' + f.name + '", "arguments": ' + (f.arguments | tojson) }}
+{{- '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}
+{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"""
