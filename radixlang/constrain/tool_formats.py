@@ -66,6 +66,28 @@ class ToolFormat:
     # [TOOL_CALLS]), with their ids: the grammar names those tokens, not their text.
     special: tuple[tuple[str, int], ...] = ()
 
+    def as_json(self) -> dict[str, Any]:
+        """The format as JSON (a server's /get_model_info: its clients then write and read
+        calls in it)."""
+        out = dataclasses.asdict(self)
+        out["pieces"] = [list(p) for p in self.pieces]
+        out["special"] = [list(p) for p in self.special]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ToolFormat:
+        """The format :meth:`as_json` wrote; ``ValueError`` if it is not one."""
+        try:
+            fields = dict(data)
+            fields["pieces"] = tuple((str(k), str(t)) for k, t in fields["pieces"])
+            fields["special"] = tuple((str(m), int(i)) for m, i in fields.get("special", ()))
+            fmt = cls(**fields)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a tool-call format: {e}") from None
+        if not {k for k, _ in fmt.pieces} >= {"name", "args"}:
+            raise ValueError("not a tool-call format: its calls need a name and arguments")
+        return fmt
+
     @property
     def trigger(self) -> str:
         """The text that starts the calls: the head's leading marker, else the whole head."""

@@ -466,6 +466,7 @@ _RESPONSES: dict[str, dict[str, Any]] = {
             "chat_template": _nullable(_STR),
             "bos_token": _nullable(_STR),
             "eos_token": _nullable(_STR),
+            "tool_call_format": _nullable({"type": "object"}),
         }
     ),
     "ServerInfo": _object(

@@ -51,6 +51,7 @@ def router(
     @routes.get("/get_model_info", **docs("ModelInfo"))
     async def model_info() -> JSONResponse:
         tok = engine.tokenizer
+        tool_format = getattr(engine, "tool_format", None)
         return JSONResponse(
             {
                 "model_path": str(engine.files.path),
@@ -62,6 +63,8 @@ def router(
                 "chat_template": getattr(tok, "chat_template", None) if tok else None,
                 "bos_token": getattr(tok, "bos_token", None) if tok else None,
                 "eos_token": getattr(tok, "eos_token", None) if tok else None,
+                # How the model writes tool calls (RuntimeEndpoint programs write its calls).
+                "tool_call_format": tool_format.as_json() if tool_format else None,
             }
         )
 

@@ -20,6 +20,7 @@ from radixlang.constrain.tool_formats import (
     HERMES,
     LLAMA3_JSON,
     NAMED_FORMATS,
+    ToolFormat,
     ToolFormatError,
     derive_format,
     format_for,
@@ -112,6 +113,14 @@ def test_calls_render_as_the_template_writes_them_and_read_back(kind):
             assert len(partial) <= len(calls)
             for got, (name, _, _) in zip(partial, calls, strict=False):
                 assert got.name == name
+
+
+@pytest.mark.parametrize("kind", sorted(TEMPLATES))
+def test_a_format_goes_through_json_unchanged(kind):
+    fmt = dataclasses.replace(_format(kind), special=(("<tool_call>", 49152),))
+    assert ToolFormat.from_json(json.loads(json.dumps(fmt.as_json()))) == fmt
+    with pytest.raises(ValueError, match="not a tool-call format"):
+        ToolFormat.from_json({"head": "x"})
 
 
 def test_templates_whose_calls_cannot_be_read_are_named_in_the_error():

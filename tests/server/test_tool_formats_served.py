@@ -138,13 +138,18 @@ def test_the_responses_api_reads_the_same_calls(served):
     jsonschema.validate(json.loads(calls[0].arguments), SCHEMA)
 
 
-def test_a_program_calls_tools_in_the_models_format(served):
-    """gen(tools=...) on the local engine: the program's text holds the call as the model
-    writes it, run_tools reads it, and the result goes to the model as a tool turn."""
+@pytest.mark.parametrize("where", ["local", "endpoint"])
+def test_a_program_calls_tools_in_the_models_format(served, where):
+    """gen(tools=...) on the local engine and through RuntimeEndpoint (which reads the format,
+    marker tokens and all, from the server's /get_model_info): the program's text holds the
+    call as the model writes it, run_tools reads it, the result goes back as a tool turn."""
     import radixlang as rl
+    from radixlang.lang.backends.endpoint import RuntimeEndpoint
     from radixlang.lang.backends.local import LocalBackend
 
-    engine, _ = served
+    engine, server = served
+    backend = LocalBackend(engine) if where == "local" else RuntimeEndpoint(server.url)
+    assert backend.get_chat_template().tool_format == engine.tool_format
 
     def get_weather(city: Literal["Paris", "Oslo"], unit: Literal["c", "f"]) -> str:
         """The weather in a city."""
@@ -157,7 +162,7 @@ def test_a_program_calls_tools_in_the_models_format(served):
                                  max_tokens=80))  # fmt: skip
         s += rl.run_tools("step")
 
-    state = agent.run(backend=LocalBackend(engine))
+    state = agent.run(backend=backend)
     (call,) = state.tool_calls("step")
     assert call.name == "get_weather"
     assert state["step"].startswith('<tool_call>\n{"name": "get_weather", "arguments": ')

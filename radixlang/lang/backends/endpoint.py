@@ -16,12 +16,15 @@ SGLang server has no such route and is not asked again.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
 
+from radixlang.constrain.tool_formats import ToolFormat
 from radixlang.lang.backends.base import Backend, StreamMeta, usage_of
 from radixlang.lang.backends.http_client import (
     DEFAULT_TIMEOUT,
@@ -216,7 +219,12 @@ def _template_from(info: dict[str, Any]) -> ChatTemplate:
     if not template:  # an SGLang server does not say
         return PLAIN
     name = info.get("served_model_name") or info.get("model_path") or "model"
-    return from_jinja(template, name, info.get("bos_token"), info.get("eos_token"))
+    chat = from_jinja(template, name, info.get("bos_token"), info.get("eos_token"))
+    served = info.get("tool_call_format")
+    if isinstance(served, dict):  # the server's own (its marker tokens' ids included)
+        with contextlib.suppress(ValueError):
+            chat = dataclasses.replace(chat, tool_format=ToolFormat.from_json(served))
+    return chat
 
 
 def _generate_body(text: str, sampling: dict[str, Any]) -> dict[str, Any]:
