@@ -34,11 +34,15 @@ CLOSE = "</think>"
 class ReasoningMarkers:
     open_id: int
     close_id: int
+    # What the template writes between ``</think>`` and the answer (Qwen3's "\n\n"), as
+    # tokens: the model writes it before a constrained answer too.
+    after_close: tuple[int, ...] = ()
 
 
 def reasoning_markers(tokenizer: Any) -> ReasoningMarkers | None:
     """The thinking markers' token ids, if ``tokenizer`` is a reasoning model's (both markers
-    single tokens, and its chat template writes them)."""
+    single tokens, and its chat template writes them), and the whitespace its template writes
+    after the thinking."""
     template = str(getattr(tokenizer, "chat_template", None) or "")
     if tokenizer is None or OPEN not in template:
         return None
@@ -48,7 +52,30 @@ def reasoning_markers(tokenizer: Any) -> ReasoningMarkers | None:
         if len(encoded) != 1:
             return None
         ids.append(int(encoded[0]))
-    return ReasoningMarkers(*ids)
+    return ReasoningMarkers(*ids, after_close=_after_close(tokenizer))
+
+
+_THOUGHT, _ANSWER = "radixlang_thought", "radixlang_answer"
+
+
+def _after_close(tokenizer: Any) -> tuple[int, ...]:
+    """The tokens of the whitespace the chat template writes between ``</think>`` and the
+    answer of an assistant turn with ``reasoning_content``; none where it writes none (or does
+    not render the reasoning)."""
+    turn = {"role": "assistant", "content": _ANSWER, "reasoning_content": _THOUGHT}
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "q"}, turn], tokenize=False
+        )
+    except Exception:
+        return ()
+    thought = text.find(_THOUGHT)
+    close = text.find(CLOSE, thought) if thought >= 0 else -1
+    answer = text.find(_ANSWER, close) if close >= 0 else -1
+    gap = text[close + len(CLOSE) : answer] if answer >= 0 else ""
+    if not gap or gap.strip():
+        return ()
+    return tuple(int(t) for t in tokenizer.encode(gap, add_special_tokens=False))
 
 
 def opened_in_prompt(prompt_ids: Iterable[int], markers: ReasoningMarkers) -> bool:

@@ -17,7 +17,9 @@ class ThinkingFirst:
 
     Phases: *start* (the first token: ``<think>`` opens a block, anything else is the answer's
     first token, which ``inner`` must allow), *thinking* (anything but the end of the output;
-    ``</think>`` ends it; past ``budget`` tokens ``</think>`` is forced), *answer* (``inner``'s).
+    ``</think>`` ends it; past ``budget`` tokens ``</think>`` is forced), *gap* (the whitespace
+    the template writes after ``</think>``, ``markers.after_close``, token by token, which the
+    model may write or skip: not the answer's), *answer* (``inner``'s).
     """
 
     def __init__(
@@ -35,12 +37,17 @@ class ThinkingFirst:
         self.budget = budget
         self.phase = "thinking" if opened else "start"
         self.thinking_tokens = 0
+        self.gap_tokens = 0  # of markers.after_close written
         self._eos = [t for t in eos_token_ids if 0 <= t < vocab_size]
 
     # -- the protocol -------------------------------------------------------------------------
     def allowed_mask(self) -> torch.Tensor:
         if self.phase == "answer":
             return self._inner_mask()
+        if self.phase == "gap":
+            mask = self._inner_mask().clone()
+            mask[self.markers.after_close[self.gap_tokens]] = True
+            return mask
         if self.phase == "thinking":
             if self._spent():
                 mask = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -59,9 +66,18 @@ class ThinkingFirst:
         if self.phase == "answer":
             if self.inner is not None:
                 self.inner.advance(token_id)
+        elif self.phase == "gap":
+            if token_id == self.markers.after_close[self.gap_tokens]:
+                self.gap_tokens += 1
+                if self.gap_tokens == len(self.markers.after_close):
+                    self.phase = "answer"
+            else:
+                self.phase = "answer"
+                if self.inner is not None:
+                    self.inner.advance(token_id)
         elif self.phase == "thinking":
             if token_id == self.markers.close_id:
-                self.phase = "answer"
+                self.phase = "gap" if self.markers.after_close else "answer"
             else:
                 self.thinking_tokens += 1
         elif token_id == self.markers.open_id:
@@ -82,7 +98,7 @@ class ThinkingFirst:
         return []
 
     def may_end(self) -> bool:
-        if self.phase != "answer":
+        if self.phase not in ("answer", "gap"):
             return False
         if self.inner is None:
             return True

@@ -319,3 +319,60 @@ def test_a_reasoning_template_s_thinking_block_is_not_part_of_the_calls():
     calls = [("get_time", {"zone": "utc"}, "x")]
     rendered = chat.apply_chat_template([*MESSAGES, call_message(calls, "Checking.")])
     assert rendered.endswith("</think>\n\nChecking." + "\n" + fmt.render(calls) + "<|im_end|>\n")
+
+
+@pytest.fixture(scope="module")
+def qwen3_engine(tmp_path_factory):
+    """A tiny random reasoning model with Qwen3's template shape: <think>, </think>,
+    <tool_call> and </tool_call> as tokens of their own."""
+    from tool_templates import QWEN3
+    from transformers import AutoTokenizer
+
+    from radixlang.runtime.engine import Engine
+    from radixlang.testing import write_tiny_chat_model
+
+    folder = write_tiny_chat_model(tmp_path_factory.mktemp("qwen3-model"), extra_tokens=8)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>"])
+    tokenizer.chat_template = QWEN3
+    tokenizer.save_pretrained(folder)
+    (folder / "chat_template.jinja").write_text(QWEN3)
+    engine = Engine(str(folder), kv_memory="64MiB")
+    yield engine
+    engine.shutdown(free_cache=True)
+
+
+def test_calls_after_thinking_follow_the_whitespace_the_template_writes(qwen3_engine):
+    """After </think> the model may write what the template writes there ("\\n\\n", not the
+    answer's), then the calls: the answer reads back as the template renders it."""
+    from tool_templates import QWEN3
+
+    from radixlang.constrain.reasoning import split_reasoning
+
+    engine = qwen3_engine
+    markers, fmt = engine.reasoning_markers, engine.tool_format
+    gap = engine.tokenizer.encode("\n\n", add_special_tokens=False)
+    assert markers is not None and markers.after_close == tuple(gap)
+    assert fmt.head == HERMES.head and fmt.special
+    chat = JinjaChat(QWEN3)
+    prompt = chat.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    ids = list(engine.tokenizer.encode(prompt, add_special_tokens=False))
+    grammar = call_grammar("required", list(SCHEMAS.items()), False, None, fmt)
+    sampling = {"temperature": 1.0, "max_new_tokens": 200, "skip_special_tokens": False,
+                "thinking_budget": 6, "logit_bias": {markers.open_id: 15.0, gap[0]: 15.0},
+                "grammar": grammar}  # fmt: skip
+    results = engine.generate([ids] * RUNS, [{**sampling, "seed": k} for k in range(RUNS)])
+    after_gap = 0
+    for result in results:
+        assert result.finish_reason.value == "stop", result.text
+        reasoning, answer = split_reasoning(result.text)
+        (call,) = parse_output(answer, fmt)[1]
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        assert answer == fmt.render([(call.name, json.loads(call.arguments))])
+        if reasoning is not None and result.text.endswith("</think>\n\n" + answer):
+            after_gap += 1
+            message = {**call_message([(call.name, json.loads(call.arguments), "")]),
+                       "reasoning_content": reasoning}  # fmt: skip
+            rendered = chat.apply_chat_template([*MESSAGES, message])
+            assert rendered.endswith("</think>\n\n" + answer + _turn_end(chat))
+    assert after_gap >= 10
