@@ -169,3 +169,50 @@ def test_a_program_calls_tools_in_the_models_format(served, where):
     assert f"RESULT-31 in {call.arguments['city']}" in state.text()
     assistant = next(m for m in state.messages() if m["role"] == "assistant")
     assert assistant["content"] == "" and assistant["tool_calls"]
+
+
+def test_the_messages_api_answers_tool_use_in_the_models_format(served):
+    """Anthropic's Messages API on the same model: the call a tool_use block, whole and
+    streamed alike."""
+    import anthropic
+
+    engine, server = served
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tool = {"name": "get_weather", "description": "The weather in a city.",
+            "input_schema": WEATHER["function"]["parameters"]}  # fmt: skip
+    kwargs = dict(model=engine.files.name, max_tokens=120, messages=MESSAGES, tools=[tool],
+                  tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                  extra_body={"temperature": 0})  # fmt: skip
+    whole = claude.messages.create(**kwargs)
+    with claude.messages.stream(**kwargs) as stream:
+        streamed = stream.get_final_message()
+    (use,) = whole.content
+    assert use.type == "tool_use" and whole.stop_reason == "tool_use"
+    jsonschema.validate(use.input, SCHEMA)
+    assert [(b.type, b.name, b.input) for b in streamed.content] == [
+        (use.type, use.name, use.input)
+    ]
+
+
+def test_answer_parts_read_text_then_calls_in_the_format(served):
+    """The parts the Responses and Messages APIs answer in: the text before the calls, then
+    each call, fed whole or a few characters at a time."""
+    from radixlang.server import tools as tooling
+    from radixlang.server.answer_parts import AnswerParts, whole_answer
+
+    engine, _ = served
+    choice = tooling.parse_tool_choice("auto", tooling.parse_tools([WEATHER]), engine.tool_format)
+    arguments = {"city": "Paris", "unit": "c"}
+    output = "Let me check.\n" + engine.tool_format.render([("get_weather", arguments)] * 2)
+    whole = whole_answer(output, choice, ("msg", "fc"))
+    assert [(p.kind, p.text, p.name) for p in whole.parts] == [
+        ("text", "Let me check.", ""),
+        ("call", json.dumps(arguments), "get_weather"),
+        ("call", json.dumps(arguments), "get_weather"),
+    ]
+    streamed = AnswerParts(choice, ("msg", "fc"))
+    for i in range(0, len(output), 3):
+        streamed.feed(output[i : i + 3])
+    streamed.finish()
+    assert [(p.kind, p.text) for p in streamed.parts] == [(p.kind, p.text) for p in whole.parts]
+    assert streamed.called
