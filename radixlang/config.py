@@ -45,8 +45,8 @@ QUANTIZATIONS = (
 )  # the runtime's models/linear.py QUANTIZATIONS
 PREEMPTIONS = ("recompute", "swap")  # runtime/scheduler.py Preemption
 SPECULATIVE = ("off", "ngram")  # runtime/speculative
-# constrain/tool_formats.NAMED_FORMATS, and "auto" (read off the chat template)
-TOOL_CALL_FORMATS = ("auto", "radixlang", "hermes", "llama3-json", "mistral")
+# constrain/tool_formats.NAMED_FORMATS; "auto" and "template" read the chat template's
+TOOL_CALL_FORMATS = ("auto", "template", "radixlang", "hermes", "llama3-json", "mistral")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ROUTING_POLICIES = ("cache_aware", "round_robin")  # cluster/router.py POLICIES
 # The pool's size when neither engine.kv_memory nor engine.num_blocks is given.
@@ -414,7 +414,8 @@ ENGINE_SETTINGS = (
             "the drafts taken depend on the requests alone, not on the machine's speed or load"),
     Setting("engine", "tool_call_format", _choice_kind(TOOL_CALL_FORMATS), "auto",
             "how the model writes tool calls: auto reads the format off the chat template "
-            "(radixlang's own when the template writes no calls), or a named format"),
+            "(radixlang's own when the template writes no calls or its calls cannot be read, "
+            "with a warning), template reads it or refuses to start, or a named format"),
     Setting("engine", "check_integrity_every_step", BOOL, False,
             "check the block pool's and the radix cache's invariants after every step (slow; "
             "for debugging)"),

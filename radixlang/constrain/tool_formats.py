@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+log = logging.getLogger(__name__)
 HOLES = ("name", "args", "id")
 # The arguments' JSON layouts a template's ``tojson`` may write.
 _LAYOUTS = ((", ", ": "), (",", ":"), (", ", ":"), (",", ": "))
@@ -41,6 +43,10 @@ _THINKING = re.compile(r"(?s:<think>.*?</think>|\[THINK\].*?\[/THINK\])\s*")
 
 class ToolFormatError(ValueError):
     """A chat template whose tool-call format cannot be read."""
+
+
+class NoToolCallsError(ToolFormatError):
+    """A chat template that does not write tool calls at all (SmolLM2's)."""
 
 
 @dataclass(frozen=True)
@@ -300,7 +306,7 @@ def named_format(name: str) -> ToolFormat:
     try:
         return NAMED_FORMATS[name]
     except KeyError:
-        known = ", ".join(["auto", *NAMED_FORMATS])
+        known = ", ".join(["auto", "template", *NAMED_FORMATS])
         raise ValueError(f"unknown tool-call format {name!r}: expected one of {known}") from None
 
 
@@ -355,7 +361,7 @@ def derive_format(render: Render, name: str = "template") -> ToolFormat:
 
     one = region(_PROBES[:1], "")
     if _PROBES[0][0] not in one:
-        raise ToolFormatError(
+        raise NoToolCallsError(
             "the chat template does not write an assistant message's tool_calls "
             f"(it wrote {one!r} for a turn with one call)"
         )
@@ -464,17 +470,25 @@ def from_jinja_render(tokenizer: Any) -> Render:
 
 
 def format_for(tokenizer: Any, choice: str | None = None) -> ToolFormat:
-    """The tool-call format for a model: ``choice`` names one, or "auto"/None reads it off the
-    tokenizer's chat template, falling back to :data:`DEFAULT_FORMAT` for a template that does
-    not write calls. Markers the tokenizer holds as tokens of their own are noted."""
-    if choice not in (None, "auto"):
+    """The tool-call format for a model: ``choice`` names one; "template" reads it off the
+    tokenizer's chat template (:class:`ToolFormatError` naming what was found if it cannot);
+    "auto" (or None) reads it too, falling back to :data:`DEFAULT_FORMAT` for a template that
+    writes no calls, and with a warning that says why for one whose calls cannot be read.
+    Markers the tokenizer holds as tokens of their own are noted."""
+    if choice not in (None, "auto", "template"):
         fmt = named_format(choice)
     elif tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        if choice == "template":
+            raise NoToolCallsError("the model has no chat template to read a tool-call format from")
         fmt = DEFAULT_FORMAT
     else:
         try:
             fmt = derive_format(from_jinja_render(tokenizer))
-        except ToolFormatError:
+        except ToolFormatError as e:
+            if choice == "template":
+                raise
+            if not isinstance(e, NoToolCallsError):
+                log.warning("tool calls: %s; writing them in radixlang's format instead", e)
             fmt = DEFAULT_FORMAT
     special = marker_tokens(fmt, tokenizer)
     return dataclasses.replace(fmt, special=special) if special else fmt

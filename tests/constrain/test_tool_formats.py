@@ -70,7 +70,7 @@ def test_named_formats_are_the_families_templates():
     assert _format("llama3-json") == LLAMA3_JSON.__class__(
         **{**LLAMA3_JSON.__dict__, "name": "template"}
     )
-    assert set(TOOL_CALL_FORMATS) == {"auto", *NAMED_FORMATS}
+    assert set(TOOL_CALL_FORMATS) == {"auto", "template", *NAMED_FORMATS}
     assert named_format("hermes") is HERMES
     with pytest.raises(ValueError, match=r"unknown tool-call format 'qwen'.*hermes"):
         named_format("qwen")
@@ -123,7 +123,7 @@ def test_a_format_goes_through_json_unchanged(kind):
         ToolFormat.from_json({"head": "x"})
 
 
-def test_templates_whose_calls_cannot_be_read_are_named_in_the_error():
+def test_templates_whose_calls_cannot_be_read_are_named_in_the_error(caplog):
     ignores = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     with pytest.raises(ToolFormatError, match="does not write an assistant message's tool_calls"):
         derive_format(from_jinja_render(JinjaChat(ignores)))
@@ -134,8 +134,16 @@ def test_templates_whose_calls_cannot_be_read_are_named_in_the_error():
     )
     with pytest.raises(ToolFormatError, match="arguments as a string"):
         derive_format(from_jinja_render(JinjaChat(as_string)))
-    # An engine falls back to the default format for a template that writes no calls.
+    # An engine falls back to the default format for a template that writes no calls, and
+    # for one whose calls cannot be read, with a warning naming why; "template" refuses.
     assert format_for(JinjaChat(ignores)) is DEFAULT_FORMAT
+    with caplog.at_level("WARNING"):
+        assert format_for(JinjaChat(as_string)) is DEFAULT_FORMAT
+    assert "arguments as a string" in caplog.text
+    with pytest.raises(ToolFormatError, match="arguments as a string"):
+        format_for(JinjaChat(as_string), "template")
+    with pytest.raises(ToolFormatError, match="does not write"):
+        format_for(JinjaChat(ignores), "template")
     assert format_for(JinjaChat(TEMPLATES["hermes"])).head == HERMES.head
     assert format_for(JinjaChat(TEMPLATES["hermes"]), "mistral") is NAMED_FORMATS["mistral"]
 
