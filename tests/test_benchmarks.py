@@ -132,7 +132,22 @@ def test_bench_memory_writes_json_and_plot(tmp_path):
     assert result["targets"]["tier_outputs_identical"] is True
 
 
-def test_bench_scale_writes_json_and_plot(tmp_path):
+@pytest.fixture()
+def no_cache_left(tmp_path):
+    """Removes the model-cache folders (a GGUF's config and tokenizer) that engines made for
+    GGUF files under ``tmp_path``: they would pile up in the user's cache run after run."""
+    yield
+    import shutil
+
+    from radixlang.model_files import cache_dir
+
+    for source in (cache_dir() / "models").glob("*/radixlang-source.json"):
+        gguf = json.loads(source.read_text()).get("gguf", "")
+        if gguf.startswith(str(tmp_path)):
+            shutil.rmtree(source.parent, ignore_errors=True)
+
+
+def test_bench_scale_writes_json_and_plot(tmp_path, no_cache_left):
     """A tiny shape written as random Q4_0 blocks, measured in a process of its own (radixlang
     alone: llama-server is not built in CI), deterministic mode beside the default in it."""
     bench = load("bench_scale")
