@@ -28,6 +28,9 @@ from typing import Any
 
 OPEN = "<think>"
 CLOSE = "</think>"
+# The thinking markers of the families that think: Qwen3, DeepSeek-R1, SmolLM3, Phi-4-reasoning
+# and GLM write <think>; Magistral writes [THINK] (control tokens of its tokenizer).
+MARKER_PAIRS = ((OPEN, CLOSE), ("[THINK]", "[/THINK]"))
 
 
 @dataclass(frozen=True)
@@ -37,28 +40,48 @@ class ReasoningMarkers:
     # What the template writes between ``</think>`` and the answer (Qwen3's "\n\n"), as
     # tokens: the model writes it before a constrained answer too.
     after_close: tuple[int, ...] = ()
+    open_text: str = OPEN
+    close_text: str = CLOSE
+    # The markers are special tokens (Magistral's): decoding must keep them in the text.
+    special: bool = False
+
+    @property
+    def texts(self) -> tuple[str, str]:
+        return self.open_text, self.close_text
 
 
 def reasoning_markers(tokenizer: Any) -> ReasoningMarkers | None:
     """The thinking markers' token ids, if ``tokenizer`` is a reasoning model's (both markers
-    single tokens, and its chat template writes them), and the whitespace its template writes
-    after the thinking."""
+    of one of :data:`MARKER_PAIRS` single tokens, and its chat template writes the opening
+    one), and the whitespace its template writes after the thinking."""
     template = str(getattr(tokenizer, "chat_template", None) or "")
-    if tokenizer is None or OPEN not in template:
+    if tokenizer is None:
         return None
-    ids = []
-    for marker in (OPEN, CLOSE):
-        encoded = tokenizer.encode(marker, add_special_tokens=False)
-        if len(encoded) != 1:
-            return None
-        ids.append(int(encoded[0]))
-    return ReasoningMarkers(*ids, after_close=_after_close(tokenizer))
+    for pair in MARKER_PAIRS:
+        if pair[0] not in template:
+            continue
+        ids = []
+        for marker in pair:
+            encoded = tokenizer.encode(marker, add_special_tokens=False)
+            if len(encoded) != 1:
+                break
+            ids.append(int(encoded[0]))
+        else:
+            special = set(getattr(tokenizer, "all_special_ids", None) or ())
+            return ReasoningMarkers(
+                *ids,
+                after_close=_after_close(tokenizer, pair[1]),
+                open_text=pair[0],
+                close_text=pair[1],
+                special=bool(special & set(ids)),
+            )
+    return None
 
 
 _THOUGHT, _ANSWER = "radixlang_thought", "radixlang_answer"
 
 
-def _after_close(tokenizer: Any) -> tuple[int, ...]:
+def _after_close(tokenizer: Any, close: str = CLOSE) -> tuple[int, ...]:
     """The tokens of the whitespace the chat template writes between ``</think>`` and the
     answer of an assistant turn with ``reasoning_content``; none where it writes none (or does
     not render the reasoning)."""
@@ -70,9 +93,9 @@ def _after_close(tokenizer: Any) -> tuple[int, ...]:
     except Exception:
         return ()
     thought = text.find(_THOUGHT)
-    close = text.find(CLOSE, thought) if thought >= 0 else -1
-    answer = text.find(_ANSWER, close) if close >= 0 else -1
-    gap = text[close + len(CLOSE) : answer] if answer >= 0 else ""
+    at = text.find(close, thought) if thought >= 0 else -1
+    answer = text.find(_ANSWER, at) if at >= 0 else -1
+    gap = text[at + len(close) : answer] if answer >= 0 else ""
     if not gap or gap.strip():
         return ()
     return tuple(int(t) for t in tokenizer.encode(gap, add_special_tokens=False))
@@ -94,10 +117,11 @@ class ReasoningSplitter:
     ``<think>`` and ``</think>`` (the prompt may have opened the block: ``opened``), then the
     answer, its leading whitespace dropped. Text that may still be a marker is held back."""
 
-    def __init__(self, opened: bool = False) -> None:
+    def __init__(self, opened: bool = False, markers: tuple[str, str] = (OPEN, CLOSE)) -> None:
         self.state = "thinking" if opened else "start"
         self.buffer = ""
         self.thought = False  # a thinking block was seen
+        self.open, self.close = markers
 
     def feed(self, text: str) -> tuple[str, str]:
         """``(reasoning, answer)`` pieces that ``text`` completes."""
@@ -105,18 +129,18 @@ class ReasoningSplitter:
         reasoning = answer = ""
         if self.state == "start":
             stripped = self.buffer.lstrip()
-            if stripped.startswith(OPEN):
-                self.state, self.thought, self.buffer = "thinking", True, stripped[len(OPEN) :]
-            elif not stripped or OPEN.startswith(stripped):
+            if stripped.startswith(self.open):
+                self.state, self.thought, self.buffer = "thinking", True, stripped[len(self.open) :]
+            elif not stripped or self.open.startswith(stripped):
                 return "", ""  # maybe the marker still
             else:
                 self.state = "answer"
         if self.state == "thinking":
             self.thought = True
-            before, closed, after = self.buffer.partition(CLOSE)
+            before, closed, after = self.buffer.partition(self.close)
             if not closed:
-                keep = next((k for k in range(len(CLOSE) - 1, 0, -1)
-                             if self.buffer.endswith(CLOSE[:k])), 0)  # fmt: skip
+                keep = next((k for k in range(len(self.close) - 1, 0, -1)
+                             if self.buffer.endswith(self.close[:k])), 0)  # fmt: skip
                 reasoning = self.buffer[: len(self.buffer) - keep]
                 self.buffer = self.buffer[len(self.buffer) - keep :]
                 return reasoning, ""
@@ -137,10 +161,12 @@ class ReasoningSplitter:
         return "", held.lstrip() if self.state != "answer" else held
 
 
-def split_reasoning(text: str, opened: bool = False) -> tuple[str | None, str]:
+def split_reasoning(
+    text: str, opened: bool = False, markers: tuple[str, str] = (OPEN, CLOSE)
+) -> tuple[str | None, str]:
     """``(reasoning, answer)`` of a whole output, as :class:`ReasoningSplitter` streams it
     (reasoning None when the output has no thinking block)."""
-    splitter = ReasoningSplitter(opened)
+    splitter = ReasoningSplitter(opened, markers)
     r1, a1 = splitter.feed(text)
     r2, a2 = splitter.finish()
     return (r1 + r2 if splitter.thought else None), a1 + a2

@@ -21,8 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from radixlang.config import TOOL_CALL_RETAIN_S
-from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
-from radixlang.constrain.reasoning import OPEN as THINK_OPEN
 from radixlang.constrain.reasoning import split_reasoning
 from radixlang.constrain.tool_calls import (
     call_grammar,
@@ -636,14 +634,15 @@ class StateExecutor:
 
     def _thinking_open(self) -> bool:
         """Whether the text so far ends inside a thinking block (the template opened it)."""
-        return self.backend.thinks and self.text.rfind(THINK_OPEN) > self.text.rfind(THINK_CLOSE)
+        opening, closing = self.backend.thinking_markers
+        return self.backend.thinks and self.text.rfind(opening) > self.text.rfind(closing)
 
     def _answer(self, text: str, meta: dict[str, Any], opened: bool) -> str:
         """A gen's answer: on a reasoning model, the text after its thinking, the thinking
         going into ``meta["reasoning"]`` (None when it did not think)."""
         if not self.backend.thinks:
             return text
-        reasoning, answer = split_reasoning(text, opened)
+        reasoning, answer = split_reasoning(text, opened, self.backend.thinking_markers)
         meta["reasoning"] = reasoning
         return answer
 

@@ -93,11 +93,15 @@ def admit(
     detokenizer = None
     if engine.tokenizer is not None:
         try:
+            # Thinking markers that are special tokens (Magistral's) stay in the text, which
+            # splits the thinking from the answer by them.
+            markers = getattr(engine, "reasoning_markers", None)
+            skip_special = params.skip_special_tokens and not (markers and markers.special)
             detokenizer = IncrementalDetokenizer(
                 engine.tokenizer,
                 prompt_ids,
                 params.stop,
-                params.skip_special_tokens,
+                skip_special,
                 skip_text=healed,
             )
         except (TypeError, ValueError) as e:

@@ -34,9 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
-from radixlang.constrain.reasoning import OPEN as THINK_OPEN
-from radixlang.constrain.reasoning import ReasoningSplitter
+from radixlang.constrain.reasoning import ReasoningMarkers, ReasoningSplitter
 from radixlang.runtime.request import FinishReason, GenerationResult, StreamEvent
 from radixlang.server.answer_parts import AnswerParts, Part, PartEvent, whole_answer
 from radixlang.server.api_schema import BODY_ERRORS, typed_events
@@ -122,7 +120,7 @@ class MessagesRoutes:
             if getattr(body, name) is not None:
                 raise APIError(400, f"{name} is not supported by this server", param=name)
         markers = self.openai.reasoning_markers
-        chat_fields = chat_body(body, thinks=markers is not None)
+        chat_fields = chat_body(body, markers)
         budget = _thinking_budget(body.thinking, markers is not None)
         if budget is not None:
             chat_fields["thinking_budget"] = budget
@@ -130,7 +128,8 @@ class MessagesRoutes:
         requests, choice = await self.openai.chat_requests(chat)
         handles = await self.openai.submit(request, chat, requests, [None], "messages")
         opened = self.openai.thinking_opened(requests[0])
-        splitter = ReasoningSplitter(opened) if markers is not None else None  # thinking blocks
+        # thinking blocks
+        splitter = ReasoningSplitter(opened, markers.texts) if markers is not None else None
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         shell = {"id": mid, "type": "message", "role": "assistant", "model": self.openai.model_name,
                  "content": [], "stop_reason": None, "stop_sequence": None}  # fmt: skip
@@ -148,7 +147,7 @@ class MessagesRoutes:
                              **_stop(result, parts), "usage": _usage(result)})  # fmt: skip
 
 
-def chat_body(body: MessagesBody, thinks: bool = False) -> dict[str, Any]:
+def chat_body(body: MessagesBody, markers: ReasoningMarkers | None = None) -> dict[str, Any]:
     """The chat completions body that asks what ``body`` asks."""
     messages: list[dict[str, Any]] = []
     if body.system:
@@ -156,7 +155,7 @@ def chat_body(body: MessagesBody, thinks: bool = False) -> dict[str, Any]:
         text = system if isinstance(system, str) else _text_blocks(system, "system")
         messages.append({"role": "system", "content": text})
     for i, message in enumerate(body.messages):
-        messages += _chat_messages(message, f"messages[{i}]", thinks)
+        messages += _chat_messages(message, f"messages[{i}]", markers)
     chat: dict[str, Any] = {"model": body.model, "messages": messages,
                             "max_tokens": body.max_tokens}  # fmt: skip
     for name in (
@@ -187,8 +186,10 @@ def chat_body(body: MessagesBody, thinks: bool = False) -> dict[str, Any]:
     return chat
 
 
-def _chat_messages(message: dict[str, Any], where: str, thinks: bool) -> list[dict[str, Any]]:
-    """A message as chat messages; on a reasoning model (``thinks``) an assistant's thinking
+def _chat_messages(
+    message: dict[str, Any], where: str, markers: ReasoningMarkers | None
+) -> list[dict[str, Any]]:
+    """A message as chat messages; on a reasoning model (``markers``) an assistant's thinking
     blocks are written back before its text, as the model wrote them (so the conversation's
     prompt stays on the cached path)."""
     role = message.get("role")
@@ -229,7 +230,7 @@ def _chat_messages(message: dict[str, Any], where: str, thinks: bool) -> list[di
             call_id = string_field(block, "tool_use_id", here)
             results.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "thinking" and role == "assistant":
-            if thinks:
+            if markers is not None:
                 thinking.append(string_field(block, "thinking", here))
         elif kind == "redacted_thinking" and role == "assistant":
             continue  # nothing to show
@@ -238,7 +239,8 @@ def _chat_messages(message: dict[str, Any], where: str, thinks: bool) -> list[di
                            "by this server", param=f"{here}.type")  # fmt: skip
     out = list(results)
     if role == "assistant":
-        thought = "".join(f"{THINK_OPEN}{t}{THINK_CLOSE}" for t in thinking)
+        opening, closing = markers.texts if markers is not None else ("", "")
+        thought = "".join(f"{opening}{t}{closing}" for t in thinking)
         turn: dict[str, Any] = {"role": "assistant", "content": thought + "".join(texts)}
         if calls:
             turn["tool_calls"] = calls

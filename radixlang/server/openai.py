@@ -30,6 +30,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixlang.config import TOOL_CALL_RETAIN_S
 from radixlang.constrain import ANY_JSON_OBJECT, ConstraintError, json_schema_text
+from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
+from radixlang.constrain.reasoning import OPEN as THINK_OPEN
 from radixlang.constrain.reasoning import (
     ReasoningMarkers,
     ReasoningSplitter,
@@ -439,7 +441,7 @@ class OpenAIRoutes:
                 if body.logprobs:
                     pairs = zip(result.output_ids, result.output_logprobs, strict=False)
                     logprobs = {"content": self._chat_logprobs(pairs, result.output_top_logprobs)}
-                message, finish = _chat_message(result, choice, markers is not None, opened)
+                message, finish = _chat_message(result, choice, markers, opened)
                 out.append({"index": i, "message": message, "logprobs": logprobs,
                             "finish_reason": finish})  # fmt: skip
             return out
@@ -598,8 +600,10 @@ class OpenAIRoutes:
             tooling.CallStream(choice.calls, choice.mode == "required", choice.fmt) for _ in handles
         ]
         # A reasoning model's thinking goes out as reasoning_content, its answer as content.
-        thinks = self.reasoning_markers is not None
-        splitters = [ReasoningSplitter(opened) for _ in handles]
+        markers = self.reasoning_markers
+        thinks = markers is not None
+        texts = markers.texts if markers is not None else (THINK_OPEN, THINK_CLOSE)
+        splitters = [ReasoningSplitter(opened, texts) for _ in handles]
 
         def answer_deltas(i: int, reasoning: str, text: str, end: bool) -> list[dict[str, Any]]:
             deltas = [{"reasoning_content": reasoning}] if reasoning else []
@@ -712,13 +716,17 @@ def _sampling_path(field: str, body: _Body) -> str | None:
 def _chat_message(
     result: GenerationResult,
     choice: tooling.ToolChoice,
-    thinks: bool = False,
+    markers: ReasoningMarkers | None = None,
     opened: bool = False,
 ) -> tuple[dict[str, Any], str | None]:
     """A finished chat's ``message`` and ``finish_reason``: text, or the calls it made; a
-    reasoning model's (``thinks``) thinking as ``reasoning_content``."""
+    reasoning model's (``markers``) thinking as ``reasoning_content``."""
     finish = _FINISH.get(result.finish_reason)
-    reasoning, text = split_reasoning(result.text, opened) if thinks else (None, result.text)
+    reasoning, text = (
+        split_reasoning(result.text, opened, markers.texts)
+        if markers is not None
+        else (None, result.text)
+    )
     extra = {} if reasoning is None else {"reasoning_content": reasoning}
     parsed = tooling.parse_output(text, choice)
     if parsed is None or not parsed[1]:

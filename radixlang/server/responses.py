@@ -164,14 +164,16 @@ class ResponsesRoutes:
             opening = self.openai.engine.tokenizer.decode(prompt_ids[at:])
 
         def answer_parts() -> AnswerParts:  # a reasoning model's thinking is an item of its own
-            splitter = ReasoningSplitter(opened) if markers is not None else None
+            splitter = ReasoningSplitter(opened, markers.texts) if markers is not None else None
             return AnswerParts(choice, _IDS, splitter=splitter)
 
         def finished(result: GenerationResult, parts: AnswerParts) -> dict[str, Any]:
             response = {**shell, **_outcome(result), "output": [_item(p) for p in parts.parts],
                         "usage": _usage(result, markers)}  # fmt: skip
             if body.store:
-                answer = _assistant_message(parts, opening)
+                answer = _assistant_message(
+                    parts, opening, markers.close_text if markers else THINK_CLOSE
+                )
                 self.store.put(rid, StoredResponse(_tenant(request),
                                                    [*conversation, *answer], response))  # fmt: skip
             return response
@@ -381,14 +383,16 @@ def _reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def _assistant_message(answer: AnswerParts, opening: str = "") -> list[dict[str, Any]]:
+def _assistant_message(
+    answer: AnswerParts, opening: str = "", close: str = THINK_CLOSE
+) -> list[dict[str, Any]]:
     """The answer as the chat message a continuation renders: its thinking kept as written
     (with the markers, and the ``opening`` the template wrote when it opened the block), so an
     append-only template renders the cached tokens again."""
     parts = answer.parts
     text = "".join(p.text for p in parts if p.kind == "text")
-    if answer.reasoning is not None and THINK_CLOSE in answer.raw:
-        end = answer.raw.index(THINK_CLOSE) + len(THINK_CLOSE)
+    if answer.reasoning is not None and close in answer.raw:
+        end = answer.raw.index(close) + len(close)
         rest = answer.raw[end:]
         text = opening + answer.raw[: end + len(rest) - len(rest.lstrip())] + text
     calls = [{"id": p.call_id, "type": "function",

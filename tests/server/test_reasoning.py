@@ -285,3 +285,53 @@ def test_tool_calls_come_after_the_thinking_and_are_valid(client_t, thinking_eng
         assert message.tool_calls  # the call block after the thinking parses
         for call in message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+@pytest.fixture(scope="module")
+def magistral_engine(tmp_path_factory):
+    """A tiny random model that thinks in Magistral's tags, [THINK] and [/THINK], special
+    tokens of its tokenizer (which decoding usually drops)."""
+    from transformers import AutoTokenizer
+
+    from radixlang.runtime.engine import Engine
+    from radixlang.testing import THINKING_TEMPLATE, write_tiny_chat_model
+
+    folder = write_tiny_chat_model(tmp_path_factory.mktemp("magistral") / "m", extra_tokens=2)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]"]})
+    tokenizer.chat_template = THINKING_TEMPLATE.replace("<think>", "[THINK]")
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tokenizer.save_pretrained(folder)
+    engine = Engine(str(folder), kv_memory="64MiB", deterministic=True)
+    yield engine
+    engine.shutdown(free_cache=True)
+
+
+def test_magistral_s_thinking_tags_are_read_and_split(magistral_engine):
+    engine = magistral_engine
+    markers = engine.reasoning_markers
+    assert markers is not None and markers.texts == ("[THINK]", "[/THINK]") and markers.special
+    prompt = _prompt(engine, thinking=False)
+    sampling = [{"max_new_tokens": 80, "temperature": 1.0, "seed": seed, "json_schema": SCHEMA,
+                 "thinking_budget": 5, "logit_bias": {markers.open_id: 15.0}}
+                for seed in range(20)]  # fmt: skip
+    thought = 0
+    for result in engine.generate([prompt] * 20, sampling):
+        assert result.finish_reason.value == "stop", result.text
+        reasoning, answer = split_reasoning(result.text, markers=markers.texts)
+        jsonschema.validate(json.loads(answer), SCHEMA)  # the thinking kept out of the answer
+        thought += reasoning is not None
+    assert thought >= 10
+    # The chat route answers the thinking as reasoning_content.
+    from radixlang.server.app import serve_in_thread
+
+    with serve_in_thread(engine) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        message = client.chat.completions.create(
+            model=engine.files.name, messages=ASK, max_tokens=80, temperature=1.0, seed=1,
+            logit_bias={str(markers.open_id): 15.0}, extra_body={"thinking_budget": 5},
+            response_format={"type": "json_schema", "json_schema": {"name": "a",
+                                                                    "schema": SCHEMA}},
+        ).choices[0].message  # fmt: skip
+    assert (message.model_extra or {}).get("reasoning_content") is not None
+    jsonschema.validate(json.loads(message.content), SCHEMA)

@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 
+from radixlang.constrain.reasoning import CLOSE as THINK_CLOSE
+from radixlang.constrain.reasoning import OPEN as THINK_OPEN
 from radixlang.lang.chat_template import PLAIN, ChatTemplate
 from radixlang.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 
@@ -105,6 +107,7 @@ class Backend(ABC):
     # Whether the model thinks before it answers (<think> ... </think>): a gen's variable is
     # then its answer, and its meta_info's "reasoning" the thinking.
     thinks: bool = False
+    thinking_markers: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # the model's tags
     # Whether programs run on this backend send their call graph to report_program.
     report_programs: bool = False
 

@@ -55,7 +55,10 @@ class LocalBackend(Backend):
         if engine.tokenizer is None:
             raise ValueError(f"model {engine.files.name} has no tokenizer: programs need text")
         self.engine = engine
-        self.thinks = getattr(engine, "reasoning_markers", None) is not None
+        markers = getattr(engine, "reasoning_markers", None)
+        self.thinks = markers is not None
+        if markers is not None:
+            self.thinking_markers = markers.texts
         # A server sharing this engine draws reported programs on its dashboard.
         self.report_programs = report_programs
         self.tokenizer = engine.tokenizer
