@@ -129,12 +129,15 @@ def call_grammar(
         lines.append(f"reply: %json {_closed_schema(_as_schema(text_schema), fmt)}")
     elif lazy and marker_token:
         # The marker is a token, which text (bytes) cannot hold: text ending as the format
-        # writes it before calls, then the calls; or text alone.
-        # (Nor the marker's text: the decoded output then reads one way.)
+        # writes it before calls, then the calls; or text alone. (Free text needs no watch for
+        # the marker, which halves its mask time: 33 -> 17 us a token with the default
+        # tokenizer, bench_tool_masks.)
         lines.append("start: calls | TEXT_BEFORE calls | TEXT")
-        before = _lark_regex(fmt.text_before or "")
-        lines.append(f"TEXT_BEFORE: /(?s:.+){before}/ & ~/(?s:.*){trigger}(?s:.*)/")
-        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*){trigger}(?s:.*)/")
+        lines.append(f"TEXT_BEFORE: /(?s:.+){_lark_regex(fmt.text_before or '')}/")
+        lines.append("TEXT: /(?s:.+)/")
+    elif mode == "auto" and marker_token:
+        lines.append("start: calls | TEXT")
+        lines.append("TEXT: /(?s:.+)/")
     elif lazy:
         # Text, then the calls: the text is lazily matched up to the first marker (which the
         # suffix writes), so a marker always starts the calls; or text without a marker.
@@ -226,7 +229,7 @@ def parse_output(text: str, fmt: ToolFormat = DEFAULT_FORMAT) -> tuple[str, list
         if not call.complete:
             break
         whole.append(call)
-    return before, whole
+    return (before, whole) if whole else (text, [])
 
 
 def parse_calls(text: str, fmt: ToolFormat = DEFAULT_FORMAT) -> list[tuple[str, Any]]:

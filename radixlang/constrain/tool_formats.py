@@ -135,14 +135,14 @@ class ToolFormat:
         return "".join(out)
 
     # ---- reading ------------------------------------------------------------------------------
-    def locate(self, text: str) -> tuple[str, int] | None:
-        """Where an output's calls begin: (the text before them, the offset of the head), or
-        None when the output holds no call (so far)."""
-        if text.startswith(self.trigger):
+    def locate(self, text: str, start: int = 0) -> tuple[str, int] | None:
+        """Where an output's calls begin (at or after ``start``): (the text before them, the
+        offset of the head), or None when the output holds no call (so far)."""
+        if start == 0 and text.startswith(self.trigger):
             return "", 0
         if self.text_before is None:
             return None
-        at = text.find(self.text_before + self.trigger)
+        at = text.find(self.text_before + self.trigger, start)
         if at < 0:
             return None
         return text[:at], at + len(self.text_before)
@@ -210,11 +210,17 @@ class ToolFormat:
         """An output's text before its calls, its calls and whether they are closed; None for
         an output that holds no call."""
         at = self.locate(text)
-        if at is None:
-            return None
-        before, start = at
-        calls, closed = self.scan(text[start:])
-        return before, calls, closed
+        first = None
+        while at is not None:
+            before, start = at
+            calls, closed = self.scan(text[start:])
+            if closed or start == 0:
+                return before, calls, closed
+            # (A marker token's text written as text, in a free reply before the real calls:
+            # the calls are where the text after the marker reads as calls.)
+            first = first or (before, calls, closed)
+            at = self.locate(text, start + 1)
+        return first
 
 
 def _partial(calls: list[ScannedCall], found: dict[str, str], complete: bool) -> list[ScannedCall]:

@@ -148,6 +148,16 @@ def test_templates_whose_calls_cannot_be_read_are_named_in_the_error(caplog):
     assert format_for(JinjaChat(TEMPLATES["hermes"]), "mistral") is NAMED_FORMATS["mistral"]
 
 
+def test_a_marker_written_as_text_in_a_reply_is_not_taken_for_the_calls():
+    """Where the marker is a token, a free reply may hold its text; the calls are those after
+    the marker that reads as calls."""
+    fmt = _format("hermes")
+    calls = fmt.render([("get_time", {"zone": "utc"})])
+    before, read = parse_output("Use\n<tool_call> tags.\n" + calls, fmt)
+    assert before == "Use\n<tool_call> tags." and [c.name for c in read] == ["get_time"]
+    assert parse_output("Use\n<tool_call> tags.", fmt) == ("Use\n<tool_call> tags.", [])
+
+
 def test_a_stream_holds_back_what_may_start_the_calls_then_sends_calls():
     fmt = _format("hermes")
     output = "Let me check <b>.\n" + fmt.render([("get_time", {"zone": "utc"})])
