@@ -373,7 +373,8 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
 
 def gguf_config(gguf: Path) -> Any:
     """The transformers config of a ``.gguf`` file: ``AutoConfig`` reading its metadata, with
-    what transformers leaves out put back."""
+    what transformers leaves out put back; for Phi-3 and Gemma 3, radixlang's own reading of it
+    (``_OWN_CONFIGS``)."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
     from radixlang.gguf_file import GGUFFile
@@ -481,11 +482,16 @@ def _common_config(meta: Any, arch: str) -> dict[str, Any]:
     value_length = key("attention.value_length")
     if value_length is not None and int(value_length) != config["head_dim"]:
         raise UnsupportedModelError("a value head size apart from the key's is not supported")
-    for token in ("bos", "eos", "pad", "unk"):
-        gguf_name = "padding" if token == "pad" else "unknown" if token == "unk" else token
+    for token, gguf_name in (("bos", "bos"), ("pad", "padding"), ("unk", "unknown")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_name}_token_id")
         if token_id is not None:
             config[f"{token}_token_id"] = int(token_id)
+    # Generation ends at the end-of-turn token too (Gemma's <end_of_turn>, Phi-3's <|end|>), as
+    # in llama.cpp and the models' own generation configs.
+    ends = [meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot")]
+    ends = list(dict.fromkeys(int(t) for t in ends if t is not None))
+    if ends:
+        config["eos_token_id"] = ends[0] if len(ends) == 1 else ends
     return config
 
 

@@ -122,9 +122,13 @@ def test_the_config_read_from_the_metadata_is_the_models(tiny, kind):
         assert got.norm_offset == 1.0 and got.tie_word_embeddings
 
 
-def metadata_file(path, arch: str, keys: dict, tensors: dict | None = None):
-    """A GGUF file of the given metadata (with a small model's common keys) and tensors."""
+def metadata_file(path, arch: str, keys: dict, tensors: dict | None = None, eot: int = 0):
+    """A GGUF file of the given metadata (with a small model's common keys) and tensors; its
+    end of sequence token 1, and ``eot`` as its end of turn."""
     writer = gguf.GGUFWriter(path, arch)
+    writer.add_eos_token_id(1)
+    if eot:
+        writer.add_eot_token_id(eot)
     common = {"context_length": 512, "embedding_length": 64, "block_count": 8,
               "feed_forward_length": 128, "attention.head_count": 4,
               "attention.head_count_kv": 2, "vocab_size": 100}  # fmt: skip
@@ -177,7 +181,9 @@ def test_gemma3_query_scale_rope_bases_and_scaling(tmp_path):
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},  # llama.cpp's
         "full_attention": {"rope_type": "default", "rope_theta": 1e6},
     }
-    assert config.final_logit_softcapping is None
+    assert config.final_logit_softcapping is None and config.eos_token_id == 1
+    config = gguf_config(metadata_file(tmp_path / "e.gguf", "gemma3", keys, eot=106))
+    assert config.eos_token_id == [1, 106]  # generation ends at <end_of_turn> too
     big = keys | {"block_count": 62, "rope.freq_base_swa": 5e4, "rope.scaling.factor": 8.0}
     config = gguf_config(metadata_file(tmp_path / "b.gguf", "gemma3", big))
     assert config.query_pre_attn_scalar == 64 // 4
