@@ -373,7 +373,8 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
 
 def gguf_config(gguf: Path) -> Any:
     """The transformers config of a ``.gguf`` file: ``AutoConfig`` reading its metadata, with
-    what transformers leaves out put back."""
+    what transformers leaves out put back; for Phi-3 and Gemma 3, radixlang's own reading of it
+    (``_OWN_CONFIGS``)."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
     from radixlang.gguf_file import GGUFFile
@@ -407,10 +408,13 @@ _FAST_CONFIG_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
 
 def _gguf_config_dict(meta: Any) -> dict[str, Any] | None:
     """The config dict transformers' ``load_gguf_checkpoint`` makes of a GGUFFile's metadata
-    (the same keys and values: tests compare the two), or None for another architecture."""
+    (the same keys and values: tests compare the two), radixlang's own for the architectures
+    transformers reads lossily (``_OWN_CONFIGS``), or None for another architecture."""
     from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
     arch = meta.get("general.architecture")
+    if arch in _OWN_CONFIGS:
+        return _OWN_CONFIGS[arch](meta, arch)
     if arch not in _FAST_CONFIG_ARCHS:
         return None
     # As transformers: llama.cpp writes mistral models as llama; a file named "mistral" is one.
@@ -432,6 +436,195 @@ def _gguf_config_dict(meta: Any) -> dict[str, Any] | None:
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta.metadata:
         config["vocab_size"] = len(meta.get("tokenizer.ggml.tokens"))
     return config
+
+
+# ---- Phi-3 and Gemma 3: the config built from llama.cpp's metadata ------------------------------
+# transformers maps only the common keys of these two (no LongRoPE, partial rotary or window for
+# Phi-3; no local rope base, linear scaling, window pattern or logit cap for Gemma 3), so their
+# configs are built here, reading the metadata as llama.cpp's loader reads it.
+
+# llama.cpp's Gemma 3 defaults: every 6th layer global, the local layers' rope base 10000.
+GEMMA3_WINDOW_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# The layer count llama.cpp reads as Gemma 3 27B, whose queries it scales by (hidden / heads)
+# ** -0.5 (Gemma 3 27B's query_pre_attn_scalar); every other size by head_dim ** -0.5.
+GEMMA3_27B_LAYERS = 62
+
+
+def _common_config(meta: Any, arch: str) -> dict[str, Any]:
+    """The fields every decoder's metadata states, under transformers' names."""
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    heads, kv_heads = key("attention.head_count"), key("attention.head_count_kv")
+    kv_heads = heads if kv_heads is None else kv_heads
+    if not isinstance(heads, int) or not isinstance(kv_heads, int):
+        raise UnsupportedModelError("per-layer head counts are not supported")
+    hidden = int(key("embedding_length"))
+    embed = meta.tensors.get("token_embd.weight")
+    if embed is not None:  # the rows the model has (Gemma's converter drops unused ones)
+        vocab = int(embed.dims[1])
+    else:
+        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    config: dict[str, Any] = {
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": int(key("attention.key_length") or hidden // heads),
+        "max_position_embeddings": int(key("context_length")),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "tie_word_embeddings": "output.weight" not in meta.tensors,
+    }
+    value_length = key("attention.value_length")
+    if value_length is not None and int(value_length) != config["head_dim"]:
+        raise UnsupportedModelError("a value head size apart from the key's is not supported")
+    for token, gguf_name in (("bos", "bos"), ("pad", "padding"), ("unk", "unknown")):
+        token_id = meta.get(f"tokenizer.ggml.{gguf_name}_token_id")
+        if token_id is not None:
+            config[f"{token}_token_id"] = int(token_id)
+    # Generation ends at the end-of-turn token too (Gemma's <end_of_turn>, Phi-3's <|end|>), as
+    # in llama.cpp and the models' own generation configs.
+    ends = [meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot")]
+    ends = list(dict.fromkeys(int(t) for t in ends if t is not None))
+    if ends:
+        config["eos_token_id"] = ends[0] if len(ends) == 1 else ends
+    return config
+
+
+def _rope_scaling_type(meta: Any, arch: str, allowed: tuple[str, ...]) -> str:
+    """``rope.scaling.type`` (llama.cpp reads a factor stated without one as linear)."""
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind is None:
+        kind = "linear" if meta.get(f"{arch}.rope.scaling.factor") else "none"
+    if kind not in allowed:
+        raise UnsupportedModelError(f"{arch} with rope scaling {kind!r} is not supported")
+    return str(kind)
+
+
+def _f32_tensor(meta: Any, name: str) -> list[float] | None:
+    """A small F32 (or F16) tensor's values, or None where the file has no such tensor."""
+    import numpy as np
+
+    entry = meta.tensors.get(name)
+    if entry is None:
+        return None
+    dtype = {0: np.float32, 1: np.float16}.get(entry.ggml_type)
+    if dtype is None:
+        raise UnsupportedModelError(f"{name} is stored as {entry.type_name}, not F32 or F16")
+    return [float(v) for v in meta.data(entry).view(dtype)]
+
+
+def _phi3_config(meta: Any, arch: str) -> dict[str, Any]:
+    """Phi-3 (Phi-3-mini/medium, Phi-3.5, Phi-4-mini): llama.cpp's converter writes the rotated
+    dims per head as ``rope.dimension_count`` (partial rotary), LongRoPE's factor sets as the
+    tensors ``rope_factors_long``/``rope_factors_short`` with the pretraining context as
+    ``rope.scaling.original_context_length`` and its cos/sin factor as
+    ``rope.scaling.attn_factor``, and the sliding window (0: none, as Phi-4-mini)."""
+    config = _common_config(meta, arch)
+    head_dim = config["head_dim"]
+    rope: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+    }
+    rotary = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rotary != head_dim:
+        rope["partial_rotary_factor"] = rotary / head_dim
+    _rope_scaling_type(meta, arch, ("none", "longrope"))
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    long, short = (_f32_tensor(meta, f"rope_factors_{s}.weight") for s in ("long", "short"))
+    if long is not None or short is not None:
+        if long is None or short is None or original is None:
+            raise UnsupportedModelError(
+                "LongRoPE needs both factor sets and the original context length"
+            )
+        rope |= {
+            "rope_type": "longrope",
+            "long_factor": long,
+            "short_factor": short,
+            "original_max_position_embeddings": int(original),
+        }
+        attn_factor = meta.get(f"{arch}.rope.scaling.attn_factor")
+        if attn_factor is not None:
+            rope["attention_factor"] = float(attn_factor)
+    window = meta.get(f"{arch}.attention.sliding_window")
+    config |= {
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "hidden_act": "silu",
+        "rope_parameters": rope,
+        "sliding_window": int(window) if window else None,
+    }
+    del config["head_dim"]  # Phi3Config has none: hidden_size / heads
+    if head_dim != config["hidden_size"] // config["num_attention_heads"]:
+        raise UnsupportedModelError("Phi-3 with a head size apart from hidden / heads")
+    if original is not None:
+        config["original_max_position_embeddings"] = int(original)
+    return config
+
+
+def _gemma3_config(meta: Any, arch: str) -> dict[str, Any]:
+    """Gemma 3 (text): the global layers' rope base as ``rope.freq_base`` with their linear
+    scaling as ``rope.scaling.*``, the local layers' as ``rope.freq_base_swa`` (10000 where
+    absent), the window, which layers take it (``attention.sliding_window_pattern``: a period,
+    every period-th layer global, or one flag per layer; llama.cpp's default 6), and the final
+    logit cap. No key states query_pre_attn_scalar: llama.cpp takes head_dim, or hidden / heads
+    for the 27B."""
+    config = _common_config(meta, arch)
+    head_dim, layers = config["head_dim"], config["num_hidden_layers"]
+    rotary = meta.get(f"{arch}.rope.dimension_count")
+    if rotary is not None and int(rotary) != head_dim:
+        raise UnsupportedModelError("Gemma 3 with partial rotary embeddings is not supported")
+    full: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+    }
+    if _rope_scaling_type(meta, arch, ("none", "linear")) == "linear":
+        factor = float(meta.get(f"{arch}.rope.scaling.factor") or 1.0)
+        if factor != 1.0:
+            full |= {"rope_type": "linear", "factor": factor}
+    local_base = float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))
+    window = meta.get(f"{arch}.attention.sliding_window")
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_WINDOW_PATTERN)
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise UnsupportedModelError(f"{len(pattern)} window flags for {layers} layers")
+        windowed = [bool(p) for p in pattern]
+    else:  # llama.cpp's set_swa_pattern: 0 windows every layer, n every layer but each n-th
+        period = int(pattern)
+        windowed = [period == 0 or i % period < period - 1 for i in range(layers)]
+    if not window:
+        windowed = [False] * layers
+    cap = meta.get(f"{arch}.final_logit_softcapping")
+    attn_cap = meta.get(f"{arch}.attn_logit_softcapping")
+    scalar = (
+        config["hidden_size"] // config["num_attention_heads"]
+        if layers == GEMMA3_27B_LAYERS
+        else head_dim
+    )
+    return config | {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": scalar,
+        "sliding_window": int(window) if window else None,
+        "layer_types": ["sliding_attention" if w else "full_attention" for w in windowed],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
+            "full_attention": full,
+        },
+        "final_logit_softcapping": float(cap) if cap else None,
+        "attn_logit_softcapping": float(attn_cap) if attn_cap else None,
+    }
+
+
+_OWN_CONFIGS: dict[str, Callable[[Any, str], dict[str, Any]]] = {
+    "phi3": _phi3_config,
+    "gemma3": _gemma3_config,
+}
 
 
 @contextlib.contextmanager
@@ -478,6 +671,8 @@ _CAUSAL_LM_CLASSES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 

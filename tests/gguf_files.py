@@ -6,6 +6,14 @@ llama/mistral q/k rows permuted to llama.cpp's rope layout, norms and other 1-D 
 the 2-D weights in the types asked for (``gguf.quants.quantize``), and the metadata transformers
 reads back (config and tokenizer). The Hugging Face weights it was made from come back with it.
 
+Phi-3 and Gemma 3 are written as llama.cpp's converter writes them (``Phi3MiniModel``,
+``Gemma3Model``): Phi-3's fused qkv/gate_up as ``attn_qkv``/``ffn_up``, its rotated dims, window
+(0 for none) and original context, LongRoPE's factor sets as ``rope_factors_long``/``_short``
+tensors with the attention factor; Gemma 3's norm weights plus 1, its head size as the key/value
+length, global and local rope bases, linear scaling, window and final logit cap, and no output
+layer (tied). Neither converter writes Gemma 3's query_pre_attn_scalar or window pattern: the
+model must have llama.cpp's (head_dim; every 6th layer global, see ``GEMMA3_GGUF``).
+
 Tokenizers: "bytes" (default) is a byte-level BPE of 3 special tokens, the 256 byte symbols and a
 few merges (``BYTES_VOCAB`` tokens): it encodes any text, and the file reads in milliseconds.
 "smollm2" copies the default model's tokenizer and chat template (49,152 tokens) from the GGUF in
@@ -17,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import importlib.metadata
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +40,12 @@ if _RUNTIME_TESTS not in sys.path:
     sys.path.append(_RUNTIME_TESTS)
 from tiny_models import random_model, tiny_config  # noqa: E402
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma3")
+# general.architecture of the tiny kinds whose name is not their own.
+GGUF_ARCH = {"mistral": "llama", "phi3_longrope": "phi3"}
+# Gemma 3 as llama.cpp reads it from a file: queries scaled by head_dim ** -0.5, every 6th
+# layer global (7 layers: five windowed, one global, one windowed).
+GEMMA3_GGUF = {"num_hidden_layers": 7, "query_pre_attn_scalar": 16, "layer_types": None}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2, as in SmolLM2
 # The byte tokenizer's merges (GPT-2's byte symbols: "Ġ" is a space).
 MERGES = ("Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġt he", "r e", "a t", "e n", "Ġ s", "o r")
@@ -87,16 +101,18 @@ def write_tiny_gguf(
     token_fields = _tokenizer_fields(tokenizer, vocab)
     vocab_size = len(token_fields["tokenizer.ggml.tokens"][0])
 
-    config = tiny_config(
-        arch,
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        **config_overrides,
-    )
+    shape = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
+    if arch == "gemma3":
+        shape |= GEMMA3_GGUF
+    config = tiny_config(arch, **(shape | config_overrides))
+    layers = config.num_hidden_layers
     if tie_embeddings is not None:
         config.tie_word_embeddings = tie_embeddings
     state_dict = _random_weights(config, seed)
@@ -104,7 +120,7 @@ def write_tiny_gguf(
     patterns = {"blk.*": types} if isinstance(types, str) else dict(types)
     patterns.setdefault("token_embd.weight", embed_type)
     patterns.setdefault("output.weight", embed_type)
-    gguf_arch = "llama" if arch == "mistral" else arch
+    gguf_arch = GGUF_ARCH.get(arch, arch)
     names = gguf.get_tensor_name_map(_model_arch(gguf_arch), layers)
     head_dim = getattr(config, "head_dim", None) or hidden // heads
 
@@ -119,12 +135,18 @@ def write_tiny_gguf(
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(_rope_theta(config))
-    writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(vocab_size)
-    if head_dim != hidden // heads:
-        writer.add_key_length(head_dim)  # as llama.cpp does where the config sets head_dim
-        writer.add_value_length(head_dim)
+    if gguf_arch == "phi3":
+        rope_factors = _phi3_metadata(writer, config, head_dim)
+        extra_tensors = rope_factors | (extra_tensors or {})
+    elif gguf_arch == "gemma3":
+        _gemma3_metadata(writer, config, head_dim)
+    else:
+        writer.add_rope_freq_base(_rope_theta(config))
+        writer.add_rope_dimension_count(head_dim)
+        if head_dim != hidden // heads:
+            writer.add_key_length(head_dim)  # as llama.cpp does where the config sets head_dim
+            writer.add_value_length(head_dim)
     main_type = types if isinstance(types, str) else "F32"
     writer.add_file_type(_FILE_TYPES.get(main_type, 0))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -138,6 +160,8 @@ def write_tiny_gguf(
         stem, suffix = hf.rsplit(".", 1)
         name = f"{names.get_name(stem)}.{suffix}"
         data = tensor.numpy()
+        if gguf_arch == "gemma3" and hf.endswith("norm.weight"):
+            data = data + np.float32(1.0)  # the converter stores Gemma's norms as applied
         if arch in ("llama", "mistral") and hf.endswith(("q_proj.weight", "q_proj.bias")):
             data = _permute(data, heads)
         elif arch in ("llama", "mistral") and hf.endswith(("k_proj.weight", "k_proj.bias")):
@@ -195,6 +219,42 @@ def _type_of(name: str, ndim: int, patterns: dict[str, str]) -> gguf.GGMLQuantiz
 
 def _model_arch(name: str) -> gguf.MODEL_ARCH:
     return next(arch for arch, arch_name in gguf.MODEL_ARCH_NAMES.items() if arch_name == name)
+
+
+def _phi3_metadata(writer: gguf.GGUFWriter, config: Any, head_dim: int) -> dict[str, np.ndarray]:
+    """Phi-3's keys as llama.cpp's converter writes them; LongRoPE's factor sets, as tensors."""
+    rope = config.rope_parameters
+    rotary = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    original = rope.get("original_max_position_embeddings", config.original_max_position_embeddings)
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(rotary)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(config.sliding_window or 0)  # 0: none (Phi-4-mini)
+    if rope.get("rope_type") != "longrope":
+        return {}
+    scale = config.max_position_embeddings / original
+    attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+    writer.add_rope_scaling_attn_factors(attn_factor)
+    return {
+        "rope_factors_long.weight": np.array(rope["long_factor"], np.float32),
+        "rope_factors_short.weight": np.array(rope["short_factor"], np.float32),
+    }
+
+
+def _gemma3_metadata(writer: gguf.GGUFWriter, config: Any, head_dim: int) -> None:
+    """Gemma 3's keys as llama.cpp's converter writes them (no query scale, no window pattern:
+    the config must have llama.cpp's, see ``GEMMA3_GGUF``)."""
+    full = config.rope_parameters["full_attention"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(full["rope_theta"])
+    writer.add_rope_freq_base_swa(config.rope_parameters["sliding_attention"]["rope_theta"])
+    if full.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+    if config.final_logit_softcapping:
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    writer.add_sliding_window(config.sliding_window)
 
 
 def _rope_theta(config: Any) -> float:

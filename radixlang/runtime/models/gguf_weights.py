@@ -12,7 +12,18 @@ Two conventions of llama.cpp's converter are undone here, as transformers undoes
   shape ``(in, out)``; its rows (``out``) are still the stored rows.
 - For the ``llama`` architecture (which llama.cpp also writes Mistral models as) the rows of
   ``q_proj`` and ``k_proj`` (weights and biases) are permuted per head from Hugging Face's
-  rotate-half layout to interleaved pairs. Qwen2 and Qwen3 files are written unpermuted.
+  rotate-half layout to interleaved pairs. Qwen2, Qwen3, Phi-3 and Gemma 3 files are written
+  unpermuted.
+
+and two are kept as they are stored, with the runner told:
+
+- Phi-3 (``phi3``) keeps q/k/v fused as ``attn_qkv`` and gate/up as ``ffn_up`` (gate rows
+  first), as its Hugging Face checkpoints do: they map to ``qkv_proj`` and ``gate_up_proj``.
+- Gemma 3 (``gemma3``) stores every norm weight as it is applied, ``1 + w`` (the converter adds
+  the 1 of Gemma's RMSNorm): ``get`` gives Hugging Face's ``w`` back (as transformers' loader
+  does), ``get(name, as_stored=True)`` the stored ``1 + w``, which the runner applies as it is.
+  Its ``ffn_norm`` is the MLP's input norm (``pre_feedforward_layernorm``), beside
+  ``post_attention_norm`` and ``post_ffw_norm``.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 # The general.architecture values whose tensors map onto our Hugging Face names.
-SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"})
 # Those whose q/k rows llama.cpp permuted (transformers' TENSOR_PROCESSORS: "llama" only; a
 # file that says "mistral" is not one llama.cpp writes, and transformers leaves it unpermuted).
 PERMUTED_ARCHITECTURES = frozenset({"llama"})
@@ -58,18 +69,34 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Where an architecture's layer names differ from the above (gguf's MODEL_TENSORS of it).
+_ARCH_LAYER_NAMES = {
+    "phi3": _LAYER_NAMES | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma3": _LAYER_NAMES
+    | {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# What llama.cpp's converter added to every norm weight of an architecture (Gemma's 1 + w).
+NORM_SHIFTS = {"gemma3": 1.0}
+# Tensors the config reads (LongRoPE's factor sets), not weights of a layer.
+CONFIG_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _Q_OR_K = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a llama.cpp tensor name, or None for one we do not map."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a llama.cpp tensor name of ``arch``, or None for one we do not
+    map."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match[2] not in _LAYER_NAMES:
+    if match is None or match[2] not in names:
         return None
-    return f"model.layers.{match[1]}.{_LAYER_NAMES[match[2]]}.{match[3]}"
+    return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
 
 
 def unpermute_rows(rows: int, heads: int) -> np.ndarray:
@@ -103,14 +130,16 @@ class GGUFWeights:
                 f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
             )
         self._arch: str = arch
+        # What to subtract from a norm weight for Hugging Face's value (see the top).
+        self.norm_shift: float = NORM_SHIFTS.get(arch, 0.0)
         self._tensors: dict[str, TensorEntry] = {}
         ignored = []
         for tensor in self.file.tensors.values():
-            name = hf_name(tensor.name)
-            if name is None:
-                ignored.append(tensor.name)
-            else:
+            name = hf_name(tensor.name, arch)
+            if name is not None:
                 self._tensors[name] = tensor
+            elif tensor.name not in CONFIG_TENSORS:
+                ignored.append(tensor.name)
         # GGUF names of tensors we do not map (e.g. rope_freqs.weight), for callers to report.
         self.ignored: tuple[str, ...] = tuple(ignored)
         self._heads: dict[str, int] = {}
@@ -151,8 +180,12 @@ class GGUFWeights:
         """The Hugging Face shape (GGUF's dimensions reversed: ``[out, in]``)."""
         return tuple(reversed(self._tensor(name).dims))
 
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor in float32, dequantized if stored quantized, q/k rows unpermuted."""
+    def get(self, name: str, as_stored: bool = False) -> torch.Tensor:
+        """The tensor in float32, dequantized if stored quantized, q/k rows unpermuted; a norm
+        weight as Hugging Face holds it (Gemma's ``w``), or ``as_stored`` as the file does
+        (Gemma's ``1 + w``)."""
+        if self.norm_shift and not as_stored and name.endswith("norm.weight"):
+            return self.get(name, as_stored=True) - self.norm_shift
         tensor = self._tensor(name)
         shape = self.shape_of(name)
         raw = self._raw(name)

@@ -7,7 +7,7 @@ norms (Qwen3), tied or separate output embeddings, sliding-window attention (Mis
 with ``use_sliding_window`` on their upper layers; Phi-3), and the fields Gemma 3 adds (see
 ``families.py``). Weights are plain tensors (q/k/v and gate/up fused into one matmul each,
 whether the checkpoint stores them apart or fused, as Phi-3 does) read from a Hugging Face
-safetensors folder.
+safetensors folder or a GGUF file (its quantized matrices kept as the file's blocks).
 """
 
 from __future__ import annotations
@@ -285,8 +285,9 @@ class LlamaForCausalLM:
     ) -> LlamaForCausalLM:
         """Load a GGUF file's weights as they are stored: Q4_0, Q4_1, Q8_0, Q4_K and Q6_K
         matrices stay blocks of the memory-mapped file (``BlockLinear``), float ones take
-        ``dtype``; other quantized types are dequantized to ``dtype``. ``config``: the
-        transformers config the file's metadata gives."""
+        ``dtype``; other quantized types are dequantized to ``dtype``; Gemma's norm weights
+        are taken as the file holds them, ``1 + w``. ``config``: the transformers config the
+        file's metadata gives."""
         from radixlang.runtime.models.gguf_weights import GGUFWeights
 
         return cls._from_weights(config, GGUFWeights(path), dtype, device, "gguf", deterministic)
@@ -325,7 +326,11 @@ class LlamaForCausalLM:
             # Gemma's ``1 + w``, added in float32 once here rather than per forward.
             if not arch.norm_offset:
                 return load(name)
-            weight = weights.get(name).float() + arch.norm_offset
+            if getattr(weights, "norm_shift", 0.0) == arch.norm_offset:
+                # A GGUF file holds ``1 + w`` already (llama.cpp's converter adds the 1).
+                weight = weights.get(name, as_stored=True)
+            else:
+                weight = weights.get(name).float() + arch.norm_offset
             return weight.to(device=device, dtype=dtype).contiguous()
 
         def maybe_norm(name: str) -> torch.Tensor | None:
