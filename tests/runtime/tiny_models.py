@@ -32,9 +32,11 @@ KINDS = (
     "phi3",
     "phi3_longrope",
     "gemma3",
+    "qwen3_moe",
+    "mixtral",
 )
 # The sliding windows of the windowed kinds: short, so that tests' sequences outgrow them.
-WINDOWS = {"mistral_window": 8, "qwen2_window": 6, "phi3": 10, "gemma3": 6}
+WINDOWS = {"mistral_window": 8, "qwen2_window": 6, "phi3": 10, "gemma3": 6, "mixtral": 7}
 # phi3_longrope's pretraining length: every test sequence but one-token ones is longer, so that
 # transformers runs it on the long factors, as the runner always does (see models/rope.py).
 LONGROPE_ORIGINAL = 8
@@ -45,9 +47,11 @@ def tiny_config(kind: str, **overrides):
         Gemma3TextConfig,
         LlamaConfig,
         MistralConfig,
+        MixtralConfig,
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
+        Qwen3MoeConfig,
     )
 
     common = COMMON | overrides
@@ -113,6 +117,24 @@ def tiny_config(kind: str, **overrides):
             "final_logit_softcapping": 10.0,
         }
         return Gemma3TextConfig(**(COMMON | gemma | overrides))
+    if kind == "qwen3_moe":
+        # Three layers, the first dense (mlp_only_layers) and 96 wide, the others 4 experts of
+        # 48, two per token, renormalised; head_dim apart from hidden / heads, as in Qwen3-30B-A3B.
+        moe = {
+            "num_hidden_layers": 3,
+            "head_dim": 24,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [0],
+        }
+        return Qwen3MoeConfig(**(COMMON | moe | overrides), tie_word_embeddings=False)
+    if kind == "mixtral":
+        # Every layer sparse: 4 experts of intermediate_size, two per token; a window on every
+        # layer.
+        moe = {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOWS[kind]}
+        return MixtralConfig(**(COMMON | moe | overrides))
     raise ValueError(kind)
 
 
