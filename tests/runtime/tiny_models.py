@@ -238,7 +238,8 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 # Chat templates in the shape of the families' own (their turn markers, spelt in the default
 # model's vocabulary): Phi-3's <|role|> ... <|end|>; Gemma 3's <start_of_turn>, with the
-# "model" role and no system role (a system message is folded into the first user turn).
+# "model" role and no system role (a system message is folded into the first user turn); the
+# mixture-of-experts kinds' below.
 PHI3_TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -251,7 +252,32 @@ GEMMA3_TEMPLATE = (
     "{{ m.content | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-CHAT_TEMPLATES = {"phi3": PHI3_TEMPLATE, "phi3_longrope": PHI3_TEMPLATE, "gemma3": GEMMA3_TEMPLATE}
+# Qwen3's ChatML turns with its Hermes calls, a <tool_call> block per call; Mixtral's
+# [INST] ... [/INST] with no system role (folded into the first user turn) and no generation
+# prompt, each reply closed by EOS.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}<|im_start|>assistant"
+    # (A newline right after a block tag would be trimmed: transformers renders with
+    # trim_blocks.)
+    "{% if m.content %}{{ '\\n' }}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}"
+    '{{ "\\n" }}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MIXTRAL_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m.role == 'system' %}{% set ns.system = m.content + '\n\n' %}"
+    "{% elif m.role == 'user' %}[INST] {{ ns.system }}{% set ns.system = '' %}"
+    "{{ m.content }} [/INST]{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+CHAT_TEMPLATES = {
+    "phi3": PHI3_TEMPLATE,
+    "phi3_longrope": PHI3_TEMPLATE,
+    "gemma3": GEMMA3_TEMPLATE,
+    "qwen3_moe": QWEN3_TEMPLATE,
+    "mixtral": MIXTRAL_TEMPLATE,
+}
 
 
 def make_tiny_model_with_tokenizer(kind: str, folder: Path, **overrides) -> Path:
