@@ -90,7 +90,8 @@ class ModelRunner:
 
     On a CUDA device (with the Triton kernels) a batch of one-token decodes without logprobs
     replays a captured CUDA graph (``cuda_graphs.py``), padded up to the next captured batch
-    size; every other batch runs eagerly. ``cuda_graphs`` None turns that on exactly there;
+    size; every other batch runs eagerly. ``cuda_graphs`` None turns that on exactly there
+    (never for a mixture-of-experts model: its expert dispatch syncs with the host);
     ``cuda_graph_max_batch`` is the largest batch captured. The graphs are captured at the
     first such batch, or up front by :meth:`capture_cuda_graphs`.
 
@@ -171,7 +172,11 @@ class ModelRunner:
                 f"cuda_graphs=True needs the Triton kernels; RADIXLANG_KERNELS is "
                 f"{kernels.kernel_mode()!r}"
             )
-        self.cuda_graphs = triton if cuda_graphs is None else cuda_graphs
+        # A sparse MLP reads its experts' row counts back to the host, which a capture forbids.
+        sparse = bool(self.model.arch.moe_layers)
+        if cuda_graphs and sparse:
+            raise ValueError("cuda_graphs=True is not supported for a mixture-of-experts model")
+        self.cuda_graphs = (triton and not sparse) if cuda_graphs is None else cuda_graphs
         self.cuda_graph_max_batch = cuda_graph_max_batch
         self._graphs: DecodeGraphRunner | None = None
 

@@ -161,7 +161,7 @@ def test_tiny_models_match_transformers(tiny_folders, kind):
     check_packed_batch(case)
 
 
-@pytest.mark.parametrize("kind", ["phi3", "phi3_longrope", "gemma3"])
+@pytest.mark.parametrize("kind", ["phi3", "phi3_longrope", "gemma3", "qwen3_moe", "mixtral"])
 def test_greedy_tokens_match_transformers_on_32_prompts(tiny_folders, kind):
     """The engine's greedy continuations token for token as transformers' ``generate``: 8
     prompts first, then all 32 in one batch (half of them sharing a prefix with another, the

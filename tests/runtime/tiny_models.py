@@ -32,9 +32,11 @@ KINDS = (
     "phi3",
     "phi3_longrope",
     "gemma3",
+    "qwen3_moe",
+    "mixtral",
 )
 # The sliding windows of the windowed kinds: short, so that tests' sequences outgrow them.
-WINDOWS = {"mistral_window": 8, "qwen2_window": 6, "phi3": 10, "gemma3": 6}
+WINDOWS = {"mistral_window": 8, "qwen2_window": 6, "phi3": 10, "gemma3": 6, "mixtral": 7}
 # phi3_longrope's pretraining length: every test sequence but one-token ones is longer, so that
 # transformers runs it on the long factors, as the runner always does (see models/rope.py).
 LONGROPE_ORIGINAL = 8
@@ -45,9 +47,11 @@ def tiny_config(kind: str, **overrides):
         Gemma3TextConfig,
         LlamaConfig,
         MistralConfig,
+        MixtralConfig,
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
+        Qwen3MoeConfig,
     )
 
     common = COMMON | overrides
@@ -113,6 +117,24 @@ def tiny_config(kind: str, **overrides):
             "final_logit_softcapping": 10.0,
         }
         return Gemma3TextConfig(**(COMMON | gemma | overrides))
+    if kind == "qwen3_moe":
+        # Three layers, the first dense (mlp_only_layers) and 96 wide, the others 4 experts of
+        # 48, two per token, renormalised; head_dim apart from hidden / heads, as in Qwen3-30B-A3B.
+        moe = {
+            "num_hidden_layers": 3,
+            "head_dim": 24,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [0],
+        }
+        return Qwen3MoeConfig(**(COMMON | moe | overrides), tie_word_embeddings=False)
+    if kind == "mixtral":
+        # Every layer sparse: 4 experts of intermediate_size, two per token; a window on every
+        # layer.
+        moe = {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOWS[kind]}
+        return MixtralConfig(**(COMMON | moe | overrides))
     raise ValueError(kind)
 
 
@@ -216,7 +238,8 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 # Chat templates in the shape of the families' own (their turn markers, spelt in the default
 # model's vocabulary): Phi-3's <|role|> ... <|end|>; Gemma 3's <start_of_turn>, with the
-# "model" role and no system role (a system message is folded into the first user turn).
+# "model" role and no system role (a system message is folded into the first user turn); the
+# mixture-of-experts kinds' below.
 PHI3_TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -229,7 +252,32 @@ GEMMA3_TEMPLATE = (
     "{{ m.content | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-CHAT_TEMPLATES = {"phi3": PHI3_TEMPLATE, "phi3_longrope": PHI3_TEMPLATE, "gemma3": GEMMA3_TEMPLATE}
+# Qwen3's ChatML turns with its Hermes calls, a <tool_call> block per call; Mixtral's
+# [INST] ... [/INST] with no system role (folded into the first user turn) and no generation
+# prompt, each reply closed by EOS.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}<|im_start|>assistant"
+    # (A newline right after a block tag would be trimmed: transformers renders with
+    # trim_blocks.)
+    "{% if m.content %}{{ '\\n' }}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}"
+    '{{ "\\n" }}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MIXTRAL_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m.role == 'system' %}{% set ns.system = m.content + '\n\n' %}"
+    "{% elif m.role == 'user' %}[INST] {{ ns.system }}{% set ns.system = '' %}"
+    "{{ m.content }} [/INST]{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+CHAT_TEMPLATES = {
+    "phi3": PHI3_TEMPLATE,
+    "phi3_longrope": PHI3_TEMPLATE,
+    "gemma3": GEMMA3_TEMPLATE,
+    "qwen3_moe": QWEN3_TEMPLATE,
+    "mixtral": MIXTRAL_TEMPLATE,
+}
 
 
 def make_tiny_model_with_tokenizer(kind: str, folder: Path, **overrides) -> Path:

@@ -1,6 +1,8 @@
-"""Phi-3 and Gemma 3 served: a tiny random model of each family, with the default model's
-tokenizer and a chat template in the family's shape (``tiny_models.CHAT_TEMPLATES``), answers a
-chat completion offered tools with ``tool_choice: "required"`` by one valid, parsed call."""
+"""Phi-3, Gemma 3, Qwen3-MoE and Mixtral served: a tiny random model of each family, with the
+default model's tokenizer and a chat template in the family's shape
+(``tiny_models.CHAT_TEMPLATES``), answers a chat completion offered tools with
+``tool_choice: "required"`` by one valid, parsed call (Qwen3-MoE's in its template's Hermes
+format)."""
 
 from __future__ import annotations
 
@@ -30,10 +32,21 @@ TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 # Each family's turn marker, as its template writes the user's turn.
-USER_TURN = {"phi3": "<|user|>\n", "gemma3": "<start_of_turn>user\n"}
+USER_TURN = {
+    "phi3": "<|user|>\n",
+    "gemma3": "<start_of_turn>user\n",
+    "qwen3_moe": "<|im_start|>user\n",
+    "mixtral": "[INST] ",
+}
+MODEL_TYPES = {
+    "phi3": "phi3",
+    "gemma3": "gemma3_text",
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
+}
 
 
-@pytest.fixture(scope="module", params=["phi3", "gemma3"])
+@pytest.fixture(scope="module", params=sorted(USER_TURN))
 def served(request, tmp_path_factory):
     from radixlang.runtime.engine import Engine
     from radixlang.server.app import serve_in_thread
@@ -51,7 +64,11 @@ def served(request, tmp_path_factory):
 
 def test_the_family_serves_a_required_tool_call(served):
     kind, engine, server = served
-    assert engine.runner.model.arch.model_type == {"phi3": "phi3", "gemma3": "gemma3_text"}[kind]
+    assert engine.runner.model.arch.model_type == MODEL_TYPES[kind]
+    # Qwen3's template writes its calls (Hermes blocks): the format is read off it; the other
+    # templates write none, and the calls take radixlang's.
+    hermes = engine.tool_format.name == "template" and "<tool_call>\n" in engine.tool_format.head
+    assert hermes == (kind == "qwen3_moe")
     model = engine.files.name
     # The family's template renders the chat, the tools shown in it (in a system message, which
     # Gemma's template folds into the user's turn).

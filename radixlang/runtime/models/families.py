@@ -1,5 +1,6 @@
-"""What sets Phi-3 and Gemma 3 apart from the Llama baseline, read from their transformers
-configs into ``LlamaArch``'s fields (the forward pass is one for all of them).
+"""What sets Phi-3, Gemma 3 and the mixture-of-experts families apart from the Llama baseline,
+read from their transformers configs into ``LlamaArch``'s fields (the forward pass is one for
+all of them).
 
 - Phi-3 (``phi3``): q/k/v and gate/up stored fused (the loader takes either layout), LongRoPE
   (``rope.py``), partial rotary (Phi-4-mini rotates 3/4 of each head), a sliding window on
@@ -9,6 +10,13 @@ configs into ``LlamaArch``'s fields (the forward pass is one for all of them).
   before (four per layer), GELU (tanh) gating, queries scaled by ``query_pre_attn_scalar ** -0.5``,
   sliding-window and global layers (``layer_types``) with their own rotary bases, and an
   optional final logit soft-cap.
+- Qwen3-MoE (``qwen3_moe``): Qwen3's attention (q/k norms); the MLP of the layers that
+  ``decoder_sparse_step`` and ``mlp_only_layers`` pick is sparse (``moe.py``): a softmax router
+  over ``num_experts``, the top ``num_experts_per_tok`` kept (renormalised to sum 1 under
+  ``norm_topk_prob``), each expert ``moe_intermediate_size`` wide; the other layers are dense.
+- Mixtral (``mixtral``): Mistral's attention (a window on every layer where the config sets
+  one); every layer's MLP sparse, ``num_local_experts`` experts ``intermediate_size`` wide, the
+  top-k routing weights always renormalised (a softmax over the chosen logits).
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # Those whose transformers implementation rotates only part of each head when told to.
 PARTIAL_ROTARY_TYPES = ("phi3",)
 # Those with per-head RMSNorms over q and k before the rotation.
-QK_NORM_TYPES = ("qwen3", "gemma3_text")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
+# Those with sparse mixture-of-experts MLPs (``moe_fields``).
+MOE_TYPES = ("qwen3_moe", "mixtral")
 
 
 def rope_fields(config: Any, model_type: str, head_dim: int) -> dict[str, Any]:
@@ -84,6 +94,40 @@ def family_fields(config: Any, model_type: str, head_dim: int) -> dict[str, Any]
         "norm_offset": 1.0,
         "sandwich_norms": True,
         "final_logit_softcap": None if cap is None else float(cap),
+    }
+
+
+def moe_fields(config: Any, model_type: str) -> dict[str, Any]:
+    """The ``LlamaArch`` fields of a mixture-of-experts model: which layers are sparse, the
+    experts' count and width, how many a token takes and whether their weights are renormalised
+    (none for a dense model)."""
+    if model_type not in MOE_TYPES:
+        return {}
+    layers = int(config.num_hidden_layers)
+    # transformers maps num_experts to num_local_experts on both configs; a raw object may
+    # carry either name.
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    experts, top_k = int(experts or 0), int(config.num_experts_per_tok)
+    if model_type == "mixtral":
+        sparse = tuple(range(layers))
+        width = int(config.intermediate_size)
+        normalize = True
+    else:
+        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+        dense = {int(i) for i in getattr(config, "mlp_only_layers", None) or ()}
+        sparse = tuple(
+            i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0
+        )
+        width = int(config.moe_intermediate_size)
+        normalize = bool(getattr(config, "norm_topk_prob", False))
+    if sparse and not 0 < top_k <= experts:
+        raise UnsupportedModelError(f"{top_k} experts per token of {experts} is not supported")
+    return {
+        "moe_layers": sparse,
+        "num_experts": experts if sparse else 0,
+        "experts_per_token": top_k if sparse else 0,
+        "expert_intermediate_size": width if sparse else 0,
+        "norm_topk_prob": normalize,
     }
 
 

@@ -1,11 +1,12 @@
 """The Llama family over the paged KV cache: Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3,
-Gemma 3 (text).
+Gemma 3 (text), and the mixture-of-experts Qwen3-MoE and Mixtral.
 
 One implementation covers them: RMSNorm, rotary embeddings (default, linear, llama3, longrope;
 partial rotary), grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2) and per-head q/k
 norms (Qwen3), tied or separate output embeddings, sliding-window attention (Mistral; Qwen2/3
 with ``use_sliding_window`` on their upper layers; Phi-3), and the fields Gemma 3 adds (see
-``families.py``). Weights are plain tensors (q/k/v and gate/up fused into one matmul each,
+``families.py``), and sparse expert MLPs on the layers a mixture-of-experts config names
+(``moe.py``). Weights are plain tensors (q/k/v and gate/up fused into one matmul each,
 whether the checkpoint stores them apart or fused, as Phi-3 does) read from a Hugging Face
 safetensors folder or a GGUF file (its quantized matrices kept as the file's blocks).
 """
@@ -31,6 +32,7 @@ from radixlang.runtime.models.families import (
     MULTIMODAL_TYPES,
     LanguageModelWeights,
     family_fields,
+    moe_fields,
     rope_fields,
     text_config,
 )
@@ -41,11 +43,14 @@ from radixlang.runtime.models.linear import (
     make_linear,
     small_batch_kernel,
 )
+from radixlang.runtime.models.moe import SparseMLP, load_sparse_mlp
 from radixlang.runtime.models.rope import Rotary, apply_rotary
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
+)  # fmt: skip
 # Those whose transformers implementation applies a config's sliding window.
-WINDOWED_MODEL_TYPES = ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+WINDOWED_MODEL_TYPES = ("mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -81,13 +86,31 @@ class LlamaArch:
     norm_offset: float = 0.0
     sandwich_norms: bool = False
     final_logit_softcap: float | None = None
+    # Mixture of experts (``moe.py``): the layers whose MLP is sparse (the others are dense,
+    # ``intermediate_size`` wide), each routing a token to ``experts_per_token`` of
+    # ``num_experts`` experts ``expert_intermediate_size`` wide; ``norm_topk_prob``: the chosen
+    # experts' router weights renormalised to sum to 1.
+    moe_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     @property
     def linear_weights(self) -> int:
-        """Weights in the model's linear layers, the output layer included."""
+        """Weights in the model's linear layers (every expert and router included), the output
+        layer included."""
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = self.hidden_size * (2 * q_width + 2 * kv_width + 3 * self.intermediate_size)
-        return self.num_layers * per_layer + self.vocab_size * self.hidden_size
+        attention = self.hidden_size * (2 * q_width + 2 * kv_width)
+        dense = 3 * self.hidden_size * self.intermediate_size
+        sparse = self.num_experts * self.hidden_size * (3 * self.expert_intermediate_size + 1)
+        moe = len(self.moe_layers)
+        per_model = self.num_layers * attention + (self.num_layers - moe) * dense + moe * sparse
+        return per_model + self.vocab_size * self.hidden_size
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts."""
+        return layer in self.moe_layers
 
     @classmethod
     def from_config(cls, config: Any) -> LlamaArch:
@@ -117,6 +140,7 @@ class LlamaArch:
             layer_windows=_layer_windows(config),
             **rope_fields(config, model_type, head_dim),
             **family_fields(config, model_type, head_dim),
+            **moe_fields(config, model_type),
         )
 
     @property
@@ -195,11 +219,13 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     o: AnyLinear
     post_norm: torch.Tensor  # before the MLP (Gemma's pre_feedforward_layernorm)
-    gate_up: AnyLinear  # hidden -> 2 * intermediate
-    down: AnyLinear
+    # A dense MLP (gate_up: hidden -> 2 * intermediate, and down), or a sparse one (moe).
+    gate_up: AnyLinear | None
+    down: AnyLinear | None
     # Gemma's sandwich norms: over the attention's and the MLP's outputs before the residual.
     attn_out_norm: torch.Tensor | None = None
     mlp_out_norm: torch.Tensor | None = None
+    moe: SparseMLP | None = None
 
 
 class LlamaForCausalLM:
@@ -303,6 +329,8 @@ class LlamaForCausalLM:
         deterministic: bool,
     ) -> LlamaForCausalLM:
         arch = LlamaArch.from_config(config)
+        if arch.moe_layers and quantization == "gguf":
+            raise UnsupportedModelError("a mixture-of-experts GGUF file is not supported")
         if getattr(config, "model_type", None) in MULTIMODAL_TYPES:
             if quantization == "gguf":
                 raise UnsupportedModelError("a multimodal GGUF file is not supported")
@@ -336,11 +364,24 @@ class LlamaForCausalLM:
         def maybe_norm(name: str) -> torch.Tensor | None:
             return norm(name) if weights.has(name) else None
 
-        def linear(names: list[str], bias: torch.Tensor | None = None) -> AnyLinear:
+        def stacked(parts: list[torch.Tensor], bias: torch.Tensor | None = None) -> AnyLinear:
+            """One linear of ``parts`` (checkpoint tensors) stacked by rows, held as
+            ``quantization`` says (not ``gguf``: its blocks are read by name)."""
             if quantization in QUANTIZE_AT_LOAD:
                 fmt = QUANTIZE_AT_LOAD[quantization]
-                parts = [_quantized(weights.get(n), fmt, device) for n in names]
-                return BlockLinear(parts, bias, dtype, deterministic)
+                blocks = [_quantized(p, fmt, device) for p in parts]
+                return BlockLinear(blocks, bias, dtype, deterministic)  # type: ignore[arg-type]
+            held = [p.to(device=device, dtype=dtype) for p in parts]
+            weight = (torch.cat(held) if len(held) > 1 else held[0]).contiguous()
+            return make_linear(weight, bias, quantization, deterministic, small_batch)
+
+        def router(weight: torch.Tensor) -> AnyLinear:
+            # Kept float whatever the quantization: a rounded router logit may flip a token's
+            # choice of expert, a far larger change than a rounded weight's.
+            weight = weight.to(device=device, dtype=dtype).contiguous()
+            return make_linear(weight, None, "none", deterministic, small_batch)
+
+        def linear(names: list[str], bias: torch.Tensor | None = None) -> AnyLinear:
             if quantization == "gguf":
                 blocks = _kernel_blocks(weights, names, device)
                 if blocks is not None:
@@ -355,9 +396,9 @@ class LlamaForCausalLM:
                         if packed:
                             weights.release(name)
                     return layer
-            weight = torch.cat([load(n) for n in names]) if len(names) > 1 else load(names[0])
-            kind = "none" if quantization == "gguf" else quantization
-            return make_linear(weight, bias, kind, deterministic, small_batch)
+                weight = torch.cat([load(n) for n in names]) if len(names) > 1 else load(names[0])
+                return make_linear(weight, bias, "none", deterministic, small_batch)
+            return stacked([weights.get(n) for n in names], bias)
 
         layers = []
         for i in range(arch.num_layers):
@@ -374,10 +415,15 @@ class LlamaForCausalLM:
                     [attn + f"{n}_proj.weight" for n in "qkv"],
                     None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
                 )
-            if weights.has(p + "mlp.gate_up_proj.weight"):
+            moe = gate_up = down = None
+            if arch.is_sparse(i):
+                moe = load_sparse_mlp(weights, p, arch, stacked, router)
+            elif weights.has(p + "mlp.gate_up_proj.weight"):
                 gate_up = linear([p + "mlp.gate_up_proj.weight"])
             else:
                 gate_up = linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            if moe is None:
+                down = linear([p + "mlp.down_proj.weight"])
             # Gemma: post_attention_layernorm norms the attention's output; the MLP's input
             # norm is pre_feedforward_layernorm, and post_feedforward_layernorm its output's.
             sandwich = arch.sandwich_norms
@@ -391,11 +437,12 @@ class LlamaForCausalLM:
                     o=linear([attn + "o_proj.weight"], maybe(attn + "o_proj.bias")),
                     post_norm=norm(p + mlp_norm + ".weight"),
                     gate_up=gate_up,
-                    down=linear([p + "mlp.down_proj.weight"]),
+                    down=down,
                     attn_out_norm=norm(p + "post_attention_layernorm.weight") if sandwich else None,
                     mlp_out_norm=norm(p + "post_feedforward_layernorm.weight")
                     if sandwich
                     else None,
+                    moe=moe,
                 )
             )
         embed_blocks = (
@@ -431,9 +478,7 @@ class LlamaForCausalLM:
         for layer in self.layers:
             parts += [t for t in vars(layer).values() if t is not None]
         return sum(
-            p.num_bytes
-            if isinstance(p, AnyLinear | BlockEmbedding)
-            else p.numel() * p.element_size()
+            p.numel() * p.element_size() if isinstance(p, torch.Tensor) else p.num_bytes
             for p in parts
         )
 
@@ -494,8 +539,11 @@ class LlamaForCausalLM:
             if layer.attn_out_norm is not None:
                 attn_out = _rms_norm(attn_out, layer.attn_out_norm, eps)
             normed = add_rms_norm(residual, attn_out, layer.post_norm, eps, fused)
-            gate, up = layer.gate_up(normed).chunk(2, dim=-1)
-            pending = layer.down(self.activation(gate) * up)
+            if layer.moe is not None:
+                pending = layer.moe(normed, self.activation)
+            else:
+                gate, up = layer.gate_up(normed).chunk(2, dim=-1)  # type: ignore[misc]
+                pending = layer.down(self.activation(gate) * up)  # type: ignore[misc]
             if layer.mlp_out_norm is not None:
                 pending = _rms_norm(pending, layer.mlp_out_norm, eps)
         if pending is not None:
