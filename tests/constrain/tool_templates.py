@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlang.lang.chat_template import _JinjaTemplate
+
 # SmolLM2's ChatML turns, calls as radixlang's one JSON array between markers.
 RADIXLANG = """\
 {%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}
@@ -76,30 +78,9 @@ TEMPLATES = {
 }
 
 
-class JinjaChat:
+def JinjaChat(template: str) -> Any:
     """A template rendered as a tokenizer's ``apply_chat_template`` renders it."""
-
-    def __init__(self, template: str, bos_token: str = "<s>", eos_token: str = "</s>") -> None:
-        self.chat_template = template
-        self.tokens = {"bos_token": bos_token, "eos_token": eos_token}
-
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        tokenize: bool = False,
-        add_generation_prompt: bool = False,
-        **kwargs: Any,
-    ) -> str:
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        rendered, _ = render_jinja_template(
-            conversations=[messages],
-            chat_template=self.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            **self.tokens,
-            **kwargs,
-        )
-        return rendered[0]
+    return _JinjaTemplate(template, bos_token="<s>", eos_token="</s>")
 
 
 def call_message(calls: list[tuple[str, Any, str]], content: str = "") -> dict[str, Any]:
