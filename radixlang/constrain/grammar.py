@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from radixlang.constrain.errors import ConstraintError
+from radixlang.constrain.free_text import FreeText, FreeTextState
 from radixlang.constrain.sources import (
     closed_objects,  # noqa: F401 (re-exported: the tests and benchmarks import it from here)
     is_pydantic_model,
@@ -36,6 +37,7 @@ from radixlang.constrain.sources import (
     lark_error,
     regex_error,
 )
+from radixlang.constrain.tool_calls import free_text_marker
 
 KINDS = ("regex", "json_schema", "grammar", "ebnf")
 _CACHE_SIZE = 128
@@ -151,6 +153,7 @@ class CompiledGrammar:
     template: Any  # llguidance.LLMatcher in its initial state, copied per request
     tokenizer: Any  # llguidance.LLTokenizer
     eos_token_ids: frozenset[int]
+    free_text: FreeText | None = None  # free text before a marker: masks skipped there
 
     def new_constraint(self) -> GrammarConstraint:
         return GrammarConstraint(self, self.template.deep_copy())
@@ -226,7 +229,9 @@ def _compile(kind: str, source: Any, ll: Any, eos: frozenset[int]) -> CompiledGr
     probe.compute_bitmask()
     if probe.is_error():
         raise ConstraintError(f"{kind}: {_first_line(probe.get_error())}")
-    return CompiledGrammar(kind, grammar, template, ll, eos)
+    marker = free_text_marker(source) if kind == "grammar" else None
+    free = FreeText.build(marker, template, ll) if marker else None
+    return CompiledGrammar(kind, grammar, template, ll, eos, free)
 
 
 def _first_line(message: str) -> str:
@@ -280,6 +285,13 @@ class GrammarConstraint:
     def __init__(self, grammar: CompiledGrammar, matcher: Any) -> None:
         self.grammar = grammar
         self.matcher = matcher
+        self.free = FreeTextState(grammar.free_text) if grammar.free_text else None
+
+    def _free_words(self) -> np.ndarray | None:
+        """The mask's words where it is free text's reference one (see free_text.py)."""
+        if self.free is None or not self.free.clean():
+            return None
+        return self.free.mask_words(self.matcher)
 
     def _raise_if_error(self) -> None:
         if self.matcher.is_error():
@@ -288,8 +300,19 @@ class GrammarConstraint:
     def allowed_mask(self) -> torch.Tensor:
         """Bool ``[vocab_size]``: the tokens that may come next (EOS where the text is done)."""
         self._raise_if_error()
-        bits = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
-        return unpack_bits(bits.unsqueeze(0), self.grammar.tokenizer.vocab_size)[0]
+        vocab = self.grammar.tokenizer.vocab_size
+        words = self._free_words()
+        if words is not None:
+            facts = self.grammar.free_text
+            if facts.unpacked is None:  # the reference as bools, unpacked once
+                facts.unpacked = unpack_bits(torch.from_numpy(facts.reference.view(np.uint8))
+                                             .unsqueeze(0), vocab)[0]  # fmt: skip
+            if np.array_equal(words, facts.reference):  # no marker token allowed (the usual)
+                return facts.unpacked.clone()
+            bits = torch.from_numpy(words.view(np.uint8))
+        else:
+            bits = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
+        return unpack_bits(bits.unsqueeze(0), vocab)[0]
 
     @staticmethod
     def batch_allowed_masks(constraints: Sequence[GrammarConstraint], width: int) -> torch.Tensor:
@@ -304,12 +327,17 @@ class GrammarConstraint:
         # big enough to go parallel starts a second OpenMP team, and on a 2-core CPU every
         # later forward pass then ran about 2x slower (after a batch of 32 JSON-schema rows).
         bitmask = torch.from_numpy(np.zeros((len(constraints), words), dtype=np.int32))
-        _executor().unsafe_compute_mask_ptr(
-            [(c.matcher, i) for i, c in enumerate(constraints)],
-            bitmask.data_ptr(),
-            words * 4,
-            len(constraints),
-        )
+        computed = []
+        for i, c in enumerate(constraints):
+            free = c._free_words()
+            if free is None:
+                computed.append((c.matcher, i))
+            else:
+                bitmask.numpy()[i, : len(free)] = free
+        if computed:
+            _executor().unsafe_compute_mask_ptr(
+                computed, bitmask.data_ptr(), words * 4, len(constraints)
+            )
         for c in constraints:
             c._raise_if_error()
         return unpack_bits(bitmask.view(torch.uint8), width)
@@ -327,6 +355,8 @@ class GrammarConstraint:
         if not self.matcher.consume_token(int(token_id)):
             error = self.matcher.get_error() or f"token {token_id} is not allowed here"
             raise ConstraintError(error)
+        if self.free is not None:
+            self.free.advance(int(token_id))
 
     def is_finished(self) -> bool:
         """The text is complete and nothing but EOS may follow (or an EOS was taken)."""

@@ -175,6 +175,25 @@ def call_grammar(
     return "\n".join(lines) + "\n"
 
 
+def free_text_marker(source: str) -> str | None:
+    """The marker of a grammar :func:`call_grammar` wrote for ``auto`` with free text before
+    calls and the marker as text (the form ``free_text.FreeText`` skips masks in), or None for
+    any other grammar."""
+    lines = source.splitlines()
+    head = "start: calls | text calls_after_marker | TEXT"
+    if len(lines) < 3 or lines[0] != head or not lines[1].startswith("text[suffix="):
+        return None
+    try:
+        suffix = json.loads(lines[1][len("text[suffix=") : lines[1].index("]: ")])
+    except (ValueError, TypeError):
+        return None
+    for k in range(len(suffix)):
+        marker = suffix[k:]
+        if lines[2] == f"TEXT: /(?s:.+)/ & ~/(?s:.*){_lark_regex(marker)}(?s:.*)/":
+            return marker
+    return None
+
+
 def _as_schema(schema: Any) -> dict[str, Any]:
     return json.loads(schema) if isinstance(schema, str) else dict(schema)
 
