@@ -204,7 +204,7 @@ def tools_prompt(mode: str, specs: Sequence[Mapping[str, Any]],
     format, for a system message (when the chat template does not show tools itself)."""
     listed = "\n".join(json.dumps(spec, ensure_ascii=False) for spec in specs)
     text = f"You can call these functions (tools):\n<tools>\n{listed}\n</tools>\n"
-    if fmt is DEFAULT_FORMAT:
+    if fmt == DEFAULT_FORMAT:  # (equal, not only the same object: one read from a server)
         call = '{"name": <function name>, "arguments": <arguments object>}'
         example = f"<tool_call>[{call}]</tool_call>"
         text += (
