@@ -248,8 +248,8 @@ class GGUFWeights:
         size once, not twice."""
         tensor = self._tensor(name)
         if expert is not None:
+            self._data(tensor, expert)  # (refuses an expert the tensor does not hold)
             size = tensor.num_bytes // tensor.dims[2]
-            self._data(tensor, expert)  # checks the expert is there
             tensor = dataclasses.replace(
                 tensor, offset=tensor.offset + expert * size, num_bytes=size
             )
@@ -270,13 +270,14 @@ class GGUFWeights:
         """The stored blocks of a matrix in a kernel block format, rows as stored: a 2-D
         tensor's, an expert's of a 3-D one, or a 3-D one's experts' rows one after another."""
         tensor = self._tensor(name)
+        data = self._data(tensor, expert)  # (refuses an expert the tensor does not hold)
         block_format = BY_GGML_TYPE.get(tensor.ggml_type)
         if block_format is None or len(tensor.dims) not in (2, 3):
             return None
         cols, rows = tensor.dims[:2]
         if len(tensor.dims) == 3 and expert is None:
             rows *= tensor.dims[2]
-        data = self._data(tensor, expert).reshape(rows, -1)
+        data = data.reshape(rows, -1)
         return RawBlocks(block_format, rows, cols, data)
 
     def hf_config(self) -> PretrainedConfig:

@@ -316,8 +316,8 @@ class LlamaForCausalLM:
         matrices stay blocks of the memory-mapped file (``BlockLinear``), float ones take
         ``dtype``; other quantized types are dequantized to ``dtype``; Gemma's norm weights
         are taken as the file holds them, ``1 + w``; a mixture-of-experts layer's experts are
-        each a slice of the file's 3-D expert tensors, kept the same way. ``config``: the transformers config the
-        file's metadata gives."""
+        each a slice of the file's 3-D expert tensors, kept the same way. ``config``: the
+        transformers config the file's metadata gives."""
         from radixlang.runtime.models.gguf_weights import GGUFWeights
 
         return cls._from_weights(config, GGUFWeights(path), dtype, device, "gguf", deterministic)
