@@ -407,7 +407,7 @@ class LlamaForCausalLM:
                 held = [load(n, expert) for n in names]
                 weight = torch.cat(held) if len(held) > 1 else held[0]
                 return make_linear(weight, bias, "none", deterministic, small_batch)
-            if expert is not None:
+            if expert is not None:  # (only GGUF files hold experts so; read whole here)
                 return stacked([weights.get(n)[expert] for n in names], bias)
             return stacked([weights.get(n) for n in names], bias)
 
