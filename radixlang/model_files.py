@@ -29,7 +29,8 @@ from typing import Any
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 # Bump when the conversion's output changes, so that old cached folders are not reused.
-CONVERTER_VERSION = 1
+# 2: Qwen3-MoE and Mixtral files (a Mixtral file was read as a dense Llama before).
+CONVERTER_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
-    """Dequantise a GGUF model with transformers and save it as a float32 safetensors folder;
+    """Dequantise a GGUF model with transformers (a Mixtral file, which transformers cannot
+    load, with ``GGUFWeights``) and save it as a float32 safetensors folder;
     ``weights=False``: its config and tokenizer only (the runtime reads the weights from the
     file itself).
 
@@ -344,6 +346,8 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from radixlang.gguf_file import GGUFFile
 
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
     what = " to safetensors" if weights else "'s config and tokenizer"
@@ -356,25 +360,57 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
             source = {"gguf": str(gguf), "size": gguf.stat().st_size, "weights": "in the file"}
             (out / "radixlang-source.json").write_text(json.dumps(source, indent=2) + "\n")
             return
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
-        # transformers refuses to save a model it thinks is GGUF-quantised; the weights are
-        # plain float32 tensors by now.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        max_context = getattr(model.config, "max_position_embeddings", None)
-        if max_context:
-            tokenizer.model_max_length = max_context
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        fast = _gguf_config_dict(GGUFFile(gguf))  # (metadata only: a tenth of a second)
+        if fast is not None and fast["model_type"] in _OWN_WEIGHTS_TYPES:
+            _save_config_and_tokenizer(gguf_config(gguf), tokenizer, out)
+            _save_dequantized_weights(gguf, out)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+            # transformers refuses to save a model it thinks is GGUF-quantised; the weights are
+            # plain float32 tensors by now.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            max_context = getattr(model.config, "max_position_embeddings", None)
+            if max_context:
+                tokenizer.model_max_length = max_context
+            model.save_pretrained(out)
+            tokenizer.save_pretrained(out)
     source = {"gguf": str(gguf), "size": gguf.stat().st_size, "converter": CONVERTER_VERSION}
     (out / "radixlang-source.json").write_text(json.dumps(source, indent=2) + "\n")
 
 
+# Model types whose GGUF tensors transformers does not load (it maps no tensors for "mixtral",
+# whose files llama.cpp writes as llama): dequantized here, by the runtime's own reader.
+_OWN_WEIGHTS_TYPES = ("mixtral",)
+
+
+def _save_dequantized_weights(gguf: Path, out: Path) -> None:
+    """The file's tensors in float32 as ``model.safetensors`` under transformers 5's names (the
+    experts' gate and up stacked into its fused ``gate_up_proj``), read by ``GGUFWeights``."""
+    import torch
+    from safetensors.torch import save_file
+
+    from radixlang.runtime.models.gguf_weights import GGUFWeights
+
+    weights = GGUFWeights(gguf)
+    tensors = {}
+    for name in weights.names:
+        if name.endswith("mlp.experts.up_proj"):
+            continue  # stacked under its gate
+        if name.endswith("mlp.experts.gate_proj"):
+            stem = name.removesuffix("gate_proj")
+            gate, up = weights.get(name), weights.get(stem + "up_proj")
+            tensors[stem + "gate_up_proj"] = torch.cat([gate, up], dim=1)
+        else:
+            tensors[name] = weights.get(name)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
 def gguf_config(gguf: Path) -> Any:
     """The transformers config of a ``.gguf`` file: ``AutoConfig`` reading its metadata, with
-    what transformers leaves out put back; for Phi-3 and Gemma 3, radixlang's own reading of it
-    (``_OWN_CONFIGS``)."""
+    what transformers leaves out put back; for Phi-3, Gemma 3, Qwen3-MoE and Mixtral, radixlang's
+    own reading of it (``_OWN_CONFIGS``, ``_mixtral_config``)."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
     from radixlang.gguf_file import GGUFFile
@@ -409,12 +445,16 @@ _FAST_CONFIG_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
 def _gguf_config_dict(meta: Any) -> dict[str, Any] | None:
     """The config dict transformers' ``load_gguf_checkpoint`` makes of a GGUFFile's metadata
     (the same keys and values: tests compare the two), radixlang's own for the architectures
-    transformers reads lossily (``_OWN_CONFIGS``), or None for another architecture."""
+    transformers reads lossily (``_OWN_CONFIGS``; Mixtral, a llama with experts), or None for
+    another architecture."""
     from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
     arch = meta.get("general.architecture")
     if arch in _OWN_CONFIGS:
         return _OWN_CONFIGS[arch](meta, arch)
+    if arch == "llama" and meta.get("llama.expert_count"):
+        # llama.cpp writes Mixtral as llama with experts; transformers reads it as a dense Llama.
+        return _mixtral_config(meta, arch)
     if arch not in _FAST_CONFIG_ARCHS:
         return None
     # As transformers: llama.cpp writes mistral models as llama; a file named "mistral" is one.
@@ -621,9 +661,106 @@ def _gemma3_config(meta: Any, arch: str) -> dict[str, Any]:
     }
 
 
+# ---- Qwen3-MoE and Mixtral: the mixture-of-experts configs ---------------------------------------
+# transformers maps no expert width for qwen3moe (its Qwen3MoeConfig then defaults to 768) and
+# reads a Mixtral file (llama with experts) as a dense Llama.
+
+# llama.cpp's gating function ids (gguf's ExpertGatingFuncType): a softmax over the experts.
+_SOFTMAX_GATING = 1
+
+
+def _moe_config(meta: Any, arch: str) -> tuple[int, int, list[int]]:
+    """The experts' count and how many a token takes, as llama.cpp's converter writes them, and
+    the dense layers: those without a router tensor (released Qwen3-MoE and Mixtral models have
+    none: llama.cpp's loader needs a router on every layer, but its converter writes the layers
+    a model has). Routing llama.cpp does not compute as transformers does for these two
+    (another gating function, shared experts, scaled weights) is refused."""
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    experts, used = int(key("expert_count") or 0), int(key("expert_used_count") or 0)
+    if not 0 < used <= experts:
+        raise UnsupportedModelError(f"{used} experts per token of {experts} is not supported")
+    gating = key("expert_gating_func")
+    if gating is not None and int(gating) != _SOFTMAX_GATING:
+        raise UnsupportedModelError(f"expert gating function {gating} is not supported")
+    if key("expert_shared_count") or key("expert_shared_feed_forward_length"):
+        raise UnsupportedModelError("shared experts are not supported")
+    if float(key("expert_weights_scale", 1.0)) != 1.0:
+        raise UnsupportedModelError("scaled expert weights are not supported")
+    layers = int(key("block_count"))
+    dense = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in meta.tensors]
+    if len(dense) == layers:
+        raise UnsupportedModelError(f"{experts} experts are stated but no layer has a router")
+    return experts, used, dense
+
+
+def _qwen3moe_config(meta: Any, arch: str) -> dict[str, Any]:
+    """Qwen3-MoE: Qwen3's attention (q/k norms, the head size as the key length) and every
+    layer with a router sparse, ``expert_feed_forward_length`` wide. The chosen experts' weights
+    are renormalised unless ``expert_weights_norm`` says not: llama.cpp's qwen3moe always
+    renormalises, as do the released models (``norm_topk_prob``)."""
+    config = _common_config(meta, arch)
+    experts, used, dense = _moe_config(meta, arch)
+    width = meta.get(f"{arch}.expert_feed_forward_length")
+    if width is None:
+        raise UnsupportedModelError("a qwen3moe file without expert_feed_forward_length")
+    _rope_scaling_type(meta, arch, ("none",))
+    if meta.get(f"{arch}.attention.sliding_window"):
+        raise UnsupportedModelError("a sliding window is not supported for qwen3moe")
+    return config | {
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_act": "silu",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        },
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(width),
+        "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": dense,
+        "use_sliding_window": False,
+        "sliding_window": None,
+    }
+
+
+def _mixtral_config(meta: Any, arch: str) -> dict[str, Any]:
+    """Mixtral (llama.cpp's llama with ``expert_count``): Llama's attention and every layer
+    sparse, ``feed_forward_length`` wide (``expert_feed_forward_length`` where stated), the
+    chosen experts' weights always renormalised. No window: llama.cpp's llama attends fully."""
+    config = _common_config(meta, arch)
+    experts, used, dense = _moe_config(meta, arch)
+    if dense:
+        raise UnsupportedModelError(f"Mixtral layers {dense} have no router")
+    _rope_scaling_type(meta, arch, ("none",))
+    head_dim = config["head_dim"]
+    rotary = meta.get(f"{arch}.rope.dimension_count")
+    if rotary is not None and int(rotary) != head_dim:
+        raise UnsupportedModelError("Mixtral with partial rotary embeddings is not supported")
+    width = meta.get(f"{arch}.expert_feed_forward_length") or config["intermediate_size"]
+    return config | {
+        "model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"],
+        "hidden_act": "silu",
+        "intermediate_size": int(width),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        },
+        "num_local_experts": experts,
+        "num_experts_per_tok": used,
+        "sliding_window": None,
+    }
+
+
 _OWN_CONFIGS: dict[str, Callable[[Any, str], dict[str, Any]]] = {
     "phi3": _phi3_config,
     "gemma3": _gemma3_config,
+    "qwen3moe": _qwen3moe_config,
 }
 
 
@@ -673,6 +810,8 @@ _CAUSAL_LM_CLASSES = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 

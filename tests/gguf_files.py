@@ -14,6 +14,15 @@ length, global and local rope bases, linear scaling, window and final logit cap,
 layer (tied). Neither converter writes Gemma 3's query_pre_attn_scalar or window pattern: the
 model must have llama.cpp's (head_dim; every 6th layer global, see ``GEMMA3_GGUF``).
 
+Qwen3-MoE and Mixtral are written as llama.cpp's converter writes them (``Qwen3MoeModel``, and
+``LlamaModel`` for Mixtral, whose architecture is "llama"): each layer's router as an F32
+``ffn_gate_inp``, its experts as the 3-D ``ffn_gate_exps``/``ffn_up_exps``/``ffn_down_exps``
+(transformers 5's fused ``gate_up_proj`` split into gate and up), quantized row by row like any
+matrix; ``expert_count``, ``expert_used_count`` and (Qwen3-MoE) ``expert_feed_forward_length``.
+Mixtral's q/k rows are permuted as Llama's. The tiny models take the shapes llama.cpp can write
+and run (``MOE_GGUF``): Qwen3-MoE every layer sparse (its converter maps no dense MLP), Mixtral
+without a window (llama.cpp's llama attends fully).
+
 Tokenizers: "bytes" (default) is a byte-level BPE of 3 special tokens, the 256 byte symbols and a
 few merges (``BYTES_VOCAB`` tokens): it encodes any text, and the file reads in milliseconds.
 "smollm2" copies the default model's tokenizer and chat template (49,152 tokens) from the GGUF in
@@ -40,12 +49,28 @@ if _RUNTIME_TESTS not in sys.path:
     sys.path.append(_RUNTIME_TESTS)
 from tiny_models import random_model, tiny_config  # noqa: E402
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma3")
+ARCHS = (
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma3", "qwen3_moe",
+    "mixtral",
+)  # fmt: skip
 # general.architecture of the tiny kinds whose name is not their own.
-GGUF_ARCH = {"mistral": "llama", "phi3_longrope": "phi3"}
+GGUF_ARCH = {
+    "mistral": "llama",
+    "phi3_longrope": "phi3",
+    "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",
+}
+# Those whose q/k rows llama.cpp's converter permutes (LlamaModel's).
+PERMUTED = ("llama", "mistral", "mixtral")
 # Gemma 3 as llama.cpp reads it from a file: queries scaled by head_dim ** -0.5, every 6th
 # layer global (7 layers: five windowed, one global, one windowed).
 GEMMA3_GGUF = {"num_hidden_layers": 7, "query_pre_attn_scalar": 16, "layer_types": None}
+# The mixture-of-experts kinds as llama.cpp writes and runs them (see the top); Qwen3-MoE's
+# experts 64 wide, so that their down projections split into 32-element blocks.
+MOE_GGUF = {
+    "qwen3_moe": {"mlp_only_layers": [], "moe_intermediate_size": 64},
+    "mixtral": {"sliding_window": None},
+}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2, as in SmolLM2
 # The byte tokenizer's merges (GPT-2's byte symbols: "Ġ" is a space).
 MERGES = ("Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġt he", "r e", "a t", "e n", "Ġ s", "o r")
@@ -111,6 +136,7 @@ def write_tiny_gguf(
     }
     if arch == "gemma3":
         shape |= GEMMA3_GGUF
+    shape |= MOE_GGUF.get(arch, {})
     config = tiny_config(arch, **(shape | config_overrides))
     layers = config.num_hidden_layers
     if tie_embeddings is not None:
@@ -136,6 +162,8 @@ def write_tiny_gguf(
     writer.add_head_count_kv(kv_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(vocab_size)
+    if arch in MOE_GGUF:
+        _moe_metadata(writer, config)
     if gguf_arch == "phi3":
         rope_factors = _phi3_metadata(writer, config, head_dim)
         extra_tensors = rope_factors | (extra_tensors or {})
@@ -154,17 +182,20 @@ def write_tiny_gguf(
         writer.add_key_value(key, value, vtype, sub_type)
 
     written: dict[str, str] = {}
-    for hf, tensor in state_dict.items():
+    for hf, tensor in _split_experts(state_dict).items():
         if hf == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        stem, suffix = hf.rsplit(".", 1)
-        name = f"{names.get_name(stem)}.{suffix}"
+        if tensor.ndim == 3:  # experts: named without .weight, written with it
+            name = f"{names.get_name(hf)}.weight"
+        else:
+            stem, suffix = hf.rsplit(".", 1)
+            name = f"{names.get_name(stem)}.{suffix}"
         data = tensor.numpy()
         if gguf_arch == "gemma3" and hf.endswith("norm.weight"):
             data = data + np.float32(1.0)  # the converter stores Gemma's norms as applied
-        if arch in ("llama", "mistral") and hf.endswith(("q_proj.weight", "q_proj.bias")):
+        if arch in PERMUTED and hf.endswith(("q_proj.weight", "q_proj.bias")):
             data = _permute(data, heads)
-        elif arch in ("llama", "mistral") and hf.endswith(("k_proj.weight", "k_proj.bias")):
+        elif arch in PERMUTED and hf.endswith(("k_proj.weight", "k_proj.bias")):
             data = _permute(data, kv_heads)
         qtype = _type_of(name, data.ndim, patterns)
         written[name] = qtype.name
@@ -208,9 +239,24 @@ def _permute(data: np.ndarray, heads: int) -> np.ndarray:
     return data.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def _split_experts(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's fused ``mlp.experts.gate_up_proj`` ``[experts, 2 * width, hidden]`` as
+    the gate and up tensors llama.cpp writes (gate rows first)."""
+    out = {}
+    for name, tensor in state_dict.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            stem = name.removesuffix("gate_up_proj")
+            out[stem + "gate_proj"], out[stem + "up_proj"] = gate.contiguous(), up.contiguous()
+        else:
+            out[name] = tensor
+    return out
+
+
 def _type_of(name: str, ndim: int, patterns: dict[str, str]) -> gguf.GGMLQuantizationType:
-    if ndim == 1:
-        return gguf.GGMLQuantizationType.F32  # norms and biases, as llama.cpp keeps them
+    # Norms and biases, and routers (llama.cpp's converter keeps ffn_gate_inp in F32).
+    if ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+        return gguf.GGMLQuantizationType.F32
     for pattern, qtype in patterns.items():
         if fnmatch.fnmatchcase(name, pattern):
             return gguf.GGMLQuantizationType[qtype]
@@ -255,6 +301,16 @@ def _gemma3_metadata(writer: gguf.GGUFWriter, config: Any, head_dim: int) -> Non
     if config.final_logit_softcapping:
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     writer.add_sliding_window(config.sliding_window)
+
+
+def _moe_metadata(writer: gguf.GGUFWriter, config: Any) -> None:
+    """The experts' keys llama.cpp's converter writes (Qwen3-MoE's width too; Mixtral's experts
+    are ``feed_forward_length`` wide)."""
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    if config.model_type == "qwen3_moe":
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
 
 
 def _rope_theta(config: Any) -> float:

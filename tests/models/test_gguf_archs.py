@@ -135,6 +135,8 @@ def metadata_file(path, arch: str, keys: dict, tensors: dict | None = None, eot:
     for key, value in (common | keys).items():
         if isinstance(value, list):
             writer.add_array(f"{arch}.{key}", value)
+        elif isinstance(value, bool):
+            writer.add_bool(f"{arch}.{key}", value)
         elif isinstance(value, float):
             writer.add_float32(f"{arch}.{key}", value)
         elif isinstance(value, str):

@@ -14,11 +14,10 @@ from tiny_models import make_tiny_model, random_model, tiny_config
 
 from radixlang.kernels import block_linear as block_kernel
 from radixlang.kernels import invariant_linear, native_linear
-from radixlang.model_files import UnsupportedModelError
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
 from radixlang.runtime.models.block_linear import BlockLinear
 from radixlang.runtime.models.linear import Int8Linear, InvariantLinear, onednn_linear_available
-from radixlang.runtime.models.llama import LlamaArch, LlamaForCausalLM
+from radixlang.runtime.models.llama import LlamaArch
 from radixlang.runtime.models.moe import SparseMLP
 
 VOCAB = 160
@@ -239,13 +238,6 @@ def test_experts_outside_the_mode_would_break_it(wide_folders, kind):
         if layer.moe is not None:
             layer.moe.experts = ordinary.moe.experts
     assert invariance_failures(runner) != []
-
-
-def test_a_mixture_of_experts_gguf_file_is_refused():
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts GGUF"):
-        LlamaForCausalLM._from_weights(
-            tiny_config("mixtral"), None, torch.float32, "cpu", "gguf", False
-        )
 
 
 @pytest.mark.gpu

@@ -24,10 +24,18 @@ and two are kept as they are stored, with the runner told:
   does), ``get(name, as_stored=True)`` the stored ``1 + w``, which the runner applies as it is.
   Its ``ffn_norm`` is the MLP's input norm (``pre_feedforward_layernorm``), beside
   ``post_attention_norm`` and ``post_ffw_norm``.
+- Mixture-of-experts layers (``qwen3moe``; Mixtral, which llama.cpp writes as ``llama`` with
+  ``llama.expert_count``) keep each layer's experts as three 3-D tensors, ``ffn_gate_exps``,
+  ``ffn_up_exps`` and ``ffn_down_exps`` (``[experts, rows, cols]``, every expert's rows whole
+  blocks, one expert after another): they map to ``mlp.experts.gate_proj``, ``up_proj`` and
+  ``down_proj`` (no ``.weight``, as transformers 5 names its fused 3-D expert tensors; its
+  ``gate_up_proj`` is the first two stacked by rows), and ``get``/``blocks`` take an ``expert``
+  for one expert's matrix, a view of the map. The router, ``ffn_gate_inp``, is ``mlp.gate``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +54,9 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 # The general.architecture values whose tensors map onto our Hugging Face names.
-SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"})
+SUPPORTED_ARCHITECTURES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"}
+)
 # Those whose q/k rows llama.cpp permuted (transformers' TENSOR_PROCESSORS: "llama" only; a
 # file that says "mistral" is not one llama.cpp writes, and transformers leaves it unpermuted).
 PERMUTED_ARCHITECTURES = frozenset({"llama"})
@@ -68,6 +78,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a sparse layer's router
+}
+# A sparse layer's experts: 3-D tensors, named without ``.weight`` as transformers 5 names them.
+_EXPERT_NAMES = {
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Where an architecture's layer names differ from the above (gguf's MODEL_TENSORS of it).
 _ARCH_LAYER_NAMES = {
@@ -94,7 +111,11 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         return _GLOBAL_NAMES[gguf_name]
     names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match[2] not in names:
+    if match is None:
+        return None
+    if match[2] in _EXPERT_NAMES and match[3] == "weight":
+        return f"model.layers.{match[1]}.{_EXPERT_NAMES[match[2]]}"
+    if match[2] not in names:
         return None
     return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
 
@@ -177,24 +198,26 @@ class GGUFWeights:
         return self._tensor(name).type_name
 
     def shape_of(self, name: str) -> tuple[int, ...]:
-        """The Hugging Face shape (GGUF's dimensions reversed: ``[out, in]``)."""
+        """The Hugging Face shape (GGUF's dimensions reversed: ``[out, in]``; an expert tensor's
+        ``[experts, out, in]``)."""
         return tuple(reversed(self._tensor(name).dims))
 
-    def get(self, name: str, as_stored: bool = False) -> torch.Tensor:
+    def get(self, name: str, as_stored: bool = False, expert: int | None = None) -> torch.Tensor:
         """The tensor in float32, dequantized if stored quantized, q/k rows unpermuted; a norm
         weight as Hugging Face holds it (Gemma's ``w``), or ``as_stored`` as the file does
-        (Gemma's ``1 + w``)."""
+        (Gemma's ``1 + w``); ``expert``: that expert's matrix of an expert tensor (only its
+        bytes read)."""
         if self.norm_shift and not as_stored and name.endswith("norm.weight"):
             return self.get(name, as_stored=True) - self.norm_shift
         tensor = self._tensor(name)
-        shape = self.shape_of(name)
-        raw = self._raw(name)
+        shape = self.shape_of(name)[0 if expert is None else 1 :]
+        raw = self._raw(name, expert)
         order = self._row_order(name)
         if raw is not None and block_linear.available():  # the native dequantizer: fast
             if order is not None:
                 raw = raw.take_rows(order)
             return block_linear.dequantize(raw).reshape(shape)
-        data = self.file.data(tensor)
+        data = self._data(tensor, expert)
         try:
             values = dequantize(
                 data.reshape(*shape[:-1], -1), GGMLQuantizationType(tensor.ggml_type)
@@ -210,27 +233,51 @@ class GGUFWeights:
             values = values.copy()  # F32 is a read-only view of the map; tensors own their memory
         return torch.from_numpy(values.astype(np.float32, copy=False))
 
-    def blocks(self, name: str) -> RawBlocks | None:
-        """The matrix as raw GGUF blocks if stored in a kernel block format, else None.
+    def blocks(self, name: str, expert: int | None = None) -> RawBlocks | None:
+        """The matrix (``expert``: that expert's of an expert tensor) as raw GGUF blocks if
+        stored in a kernel block format, else None.
 
         Zero-copy (a view of the map) unless the rows had to be unpermuted."""
-        raw = self._raw(name)
+        raw = self._raw(name, expert)
         order = self._row_order(name)
         return raw if raw is None or order is None else raw.take_rows(order)
 
-    def release(self, name: str) -> None:
-        """The tensor's bytes were copied (repacked by the kernels): unmap its pages from this
-        process, so that the model's resident memory is its file's size once, not twice."""
-        self.file.drop_pages(self._tensor(name))
-
-    def _raw(self, name: str) -> RawBlocks | None:
-        """The stored blocks of a 2-D matrix in a kernel block format, rows as stored."""
+    def release(self, name: str, expert: int | None = None) -> None:
+        """The tensor's bytes (``expert``: that expert's) were copied (repacked by the kernels):
+        unmap their pages from this process, so that the model's resident memory is its file's
+        size once, not twice."""
         tensor = self._tensor(name)
+        if expert is not None:
+            self._data(tensor, expert)  # (refuses an expert the tensor does not hold)
+            size = tensor.num_bytes // tensor.dims[2]
+            tensor = dataclasses.replace(
+                tensor, offset=tensor.offset + expert * size, num_bytes=size
+            )
+        self.file.drop_pages(tensor)
+
+    def _data(self, tensor: TensorEntry, expert: int | None) -> np.ndarray:
+        """The stored bytes of the tensor, or of one expert's matrix of a 3-D expert tensor
+        (experts lie one after another, each ``num_bytes / experts`` long)."""
+        data = self.file.data(tensor)
+        if expert is None:
+            return data
+        if len(tensor.dims) != 3 or not 0 <= expert < tensor.dims[2]:
+            raise UnsupportedModelError(f"{tensor.name} holds no expert {expert}")
+        size = tensor.num_bytes // tensor.dims[2]
+        return data[expert * size : (expert + 1) * size]
+
+    def _raw(self, name: str, expert: int | None = None) -> RawBlocks | None:
+        """The stored blocks of a matrix in a kernel block format, rows as stored: a 2-D
+        tensor's, an expert's of a 3-D one, or a 3-D one's experts' rows one after another."""
+        tensor = self._tensor(name)
+        data = self._data(tensor, expert)  # (refuses an expert the tensor does not hold)
         block_format = BY_GGML_TYPE.get(tensor.ggml_type)
-        if block_format is None or len(tensor.dims) != 2:
+        if block_format is None or len(tensor.dims) not in (2, 3):
             return None
-        cols, rows = tensor.dims
-        data = self.file.data(tensor).reshape(rows, -1)
+        cols, rows = tensor.dims[:2]
+        if len(tensor.dims) == 3 and expert is None:
+            rows *= tensor.dims[2]
+        data = data.reshape(rows, -1)
         return RawBlocks(block_format, rows, cols, data)
 
     def hf_config(self) -> PretrainedConfig:

@@ -200,13 +200,16 @@ def _quantized(weight: torch.Tensor, fmt: str, device: torch.device) -> Any:
     return block_kernel.quantize(weight, fmt) if weight.shape[1] % 32 == 0 else weight
 
 
-def _kernel_blocks(weights: Any, names: list[str], device: torch.device) -> list[Any] | None:
-    """Each name's ``RawBlocks`` where the block kernel multiplies it (``None`` in its place for
-    a matrix to hold as floats), or ``None`` when no part is for the kernel: not on a CPU, no
-    native kernel here, or no part stored in a block format it takes."""
+def _kernel_blocks(
+    weights: Any, names: list[str], device: torch.device, expert: int | None = None
+) -> list[Any] | None:
+    """Each name's ``RawBlocks`` (``expert``: that expert's matrix of each 3-D expert tensor)
+    where the block kernel multiplies it (``None`` in its place for a matrix to hold as floats),
+    or ``None`` when no part is for the kernel: not on a CPU, no native kernel here, or no part
+    stored in a block format it takes."""
     if device.type != "cpu" or not block_kernel.available():
         return None
-    blocks = [weights.blocks(n) for n in names]
+    blocks = [weights.blocks(n, expert) for n in names]
     blocks = [b if b is not None and block_kernel.takes(b) else None for b in blocks]
     return blocks if any(b is not None for b in blocks) else None
 
@@ -312,8 +315,9 @@ class LlamaForCausalLM:
         """Load a GGUF file's weights as they are stored: Q4_0, Q4_1, Q8_0, Q4_K and Q6_K
         matrices stay blocks of the memory-mapped file (``BlockLinear``), float ones take
         ``dtype``; other quantized types are dequantized to ``dtype``; Gemma's norm weights
-        are taken as the file holds them, ``1 + w``. ``config``: the transformers config the
-        file's metadata gives."""
+        are taken as the file holds them, ``1 + w``; a mixture-of-experts layer's experts are
+        each a slice of the file's 3-D expert tensors, kept the same way. ``config``: the
+        transformers config the file's metadata gives."""
         from radixlang.runtime.models.gguf_weights import GGUFWeights
 
         return cls._from_weights(config, GGUFWeights(path), dtype, device, "gguf", deterministic)
@@ -329,8 +333,6 @@ class LlamaForCausalLM:
         deterministic: bool,
     ) -> LlamaForCausalLM:
         arch = LlamaArch.from_config(config)
-        if arch.moe_layers and quantization == "gguf":
-            raise UnsupportedModelError("a mixture-of-experts GGUF file is not supported")
         if getattr(config, "model_type", None) in MULTIMODAL_TYPES:
             if quantization == "gguf":
                 raise UnsupportedModelError("a multimodal GGUF file is not supported")
@@ -344,8 +346,10 @@ class LlamaForCausalLM:
             and small_batch_kernel(dtype, arch.linear_weights * dtype.itemsize)
         )
 
-        def load(name: str) -> torch.Tensor:
-            return weights.get(name).to(device=device, dtype=dtype).contiguous()
+        def load(name: str, expert: int | None = None) -> torch.Tensor:
+            # ``expert``: one expert's matrix of a GGUF file's 3-D expert tensor.
+            weight = weights.get(name) if expert is None else weights.get(name, expert=expert)
+            return weight.to(device=device, dtype=dtype).contiguous()
 
         def maybe(name: str) -> torch.Tensor | None:
             return load(name) if weights.has(name) else None
@@ -381,23 +385,30 @@ class LlamaForCausalLM:
             weight = weight.to(device=device, dtype=dtype).contiguous()
             return make_linear(weight, None, "none", deterministic, small_batch)
 
-        def linear(names: list[str], bias: torch.Tensor | None = None) -> AnyLinear:
+        def linear(
+            names: list[str], bias: torch.Tensor | None = None, expert: int | None = None
+        ) -> AnyLinear:
+            """One linear of the named matrices stacked by rows; ``expert``: of that expert's
+            matrix of each (GGUF's 3-D expert tensors, each expert's blocks kept apart)."""
             if quantization == "gguf":
-                blocks = _kernel_blocks(weights, names, device)
+                blocks = _kernel_blocks(weights, names, device, expert)
                 if blocks is not None:
                     parts = zip(blocks, names, strict=True)
                     layer = BlockLinear(
-                        [b if b is not None else load(n) for b, n in parts],
+                        [b if b is not None else load(n, expert) for b, n in parts],
                         bias,
                         dtype,
                         deterministic,
                     )
                     for name, packed in zip(names, layer.packed, strict=True):
                         if packed:
-                            weights.release(name)
+                            weights.release(name, expert)
                     return layer
-                weight = torch.cat([load(n) for n in names]) if len(names) > 1 else load(names[0])
+                held = [load(n, expert) for n in names]
+                weight = torch.cat(held) if len(held) > 1 else held[0]
                 return make_linear(weight, bias, "none", deterministic, small_batch)
+            if expert is not None:  # (only GGUF files hold experts so; read whole here)
+                return stacked([weights.get(n)[expert] for n in names], bias)
             return stacked([weights.get(n) for n in names], bias)
 
         layers = []
@@ -417,7 +428,9 @@ class LlamaForCausalLM:
                 )
             moe = gate_up = down = None
             if arch.is_sparse(i):
-                moe = load_sparse_mlp(weights, p, arch, stacked, router)
+                moe = load_sparse_mlp(
+                    weights, p, arch, stacked, router, lambda names, e: linear(names, expert=e)
+                )
             elif weights.has(p + "mlp.gate_up_proj.weight"):
                 gate_up = linear([p + "mlp.gate_up_proj.weight"])
             else:

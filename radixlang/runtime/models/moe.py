@@ -97,18 +97,26 @@ PER_EXPERT_NAMES = (
 )
 
 
+# A GGUF file's experts (gguf_weights.py): gate, up and down each one 3-D tensor.
+GGUF_EXPERT_NAMES = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
+
+
 def load_sparse_mlp(
     weights: Any,
     prefix: str,
     arch: Any,
     stacked: Callable[[list[torch.Tensor]], _Linear],
     router: Callable[[torch.Tensor], _Linear],
+    expert_linear: Callable[[list[str], int], _Linear] | None = None,
 ) -> SparseMLP:
     """The sparse MLP of the layer at ``prefix`` (``model.layers.{i}.``): per-expert matrices
-    (``PER_EXPERT_NAMES``), or transformers 5's fused 3-D ``mlp.experts.gate_up_proj``
-    ``[experts, 2 * width, hidden]`` and ``mlp.experts.down_proj`` ``[experts, hidden, width]``.
+    (``PER_EXPERT_NAMES``), transformers 5's fused 3-D ``mlp.experts.gate_up_proj``
+    ``[experts, 2 * width, hidden]`` and ``mlp.experts.down_proj`` ``[experts, hidden, width]``,
+    or a GGUF file's 3-D gate, up and down (``GGUF_EXPERT_NAMES``).
     ``stacked`` makes one linear of matrices stacked by rows (held as the model's quantization
-    says), ``router`` the router's linear."""
+    says), ``router`` the router's linear, ``expert_linear(names, e)`` one linear of expert
+    ``e``'s matrices of the named 3-D tensors stacked by rows (a GGUF file's: each expert held
+    as its own slice of the file's blocks, the tensor never read whole)."""
     n = arch.num_experts
     gate_name = next(
         (f"{prefix}{m}.gate.weight" for m in ("mlp", "block_sparse_moe")
@@ -122,7 +130,15 @@ def load_sparse_mlp(
         raise UnsupportedModelError(f"{gate_name} routes to {gate.shape[0]} experts, not {n}")
     experts: list[Expert] = []
     fused = f"{prefix}mlp.experts.gate_up_proj"
-    if weights.has(fused):
+    gguf = [prefix + name for name in GGUF_EXPERT_NAMES]
+    if weights.has(gguf[0]):
+        if expert_linear is None:
+            raise UnsupportedModelError(f"{gguf[0]} needs a loader of experts' matrices")
+        for name in gguf:
+            if not weights.has(name) or weights.shape_of(name)[0] != n:
+                raise UnsupportedModelError(f"{name} is missing or does not hold {n} experts")
+        experts = [Expert(expert_linear(gguf[:2], e), expert_linear(gguf[2:], e)) for e in range(n)]
+    elif weights.has(fused):
         gate_up, down = weights.get(fused), weights.get(f"{prefix}mlp.experts.down_proj")
         if gate_up.shape[0] != n or down.shape[0] != n:
             raise UnsupportedModelError(f"{fused} holds {gate_up.shape[0]} experts, not {n}")
