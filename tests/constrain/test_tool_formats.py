@@ -257,7 +257,9 @@ def _sample(engine, kind: str, setting: str, fmt) -> None:
     mode = "auto" if setting == "auto" else "required"
     # (The bias that makes auto call would also make every call ask for another.)
     parallel = setting != "auto"
-    sampling = {"temperature": 1.0, "max_new_tokens": 600, "skip_special_tokens": False,
+    # (Parallel calls may run long; a reply in auto needs no more than 200 tokens to show.)
+    sampling = {"temperature": 1.0, "max_new_tokens": 200 if setting == "auto" else 600,
+                "skip_special_tokens": False,
                 "grammar": call_grammar(mode, tools, parallel, None, fmt)}  # fmt: skip
     if setting == "auto":
         sampling["logit_bias"] = _bias(engine, fmt)
