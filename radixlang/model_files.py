@@ -362,8 +362,14 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
             return
         fast = _gguf_config_dict(GGUFFile(gguf))  # (metadata only: a tenth of a second)
         if fast is not None and fast["model_type"] in _OWN_WEIGHTS_TYPES:
+            writer = GGUF_WEIGHT_WRITERS.get(fast["model_type"])
+            if writer is None:
+                raise UnsupportedModelError(
+                    f"{gguf.name}: a {fast['model_type']} GGUF file's float weights are written "
+                    "by radixlang.runtime (import it first, or serve the file kept quantized)"
+                )
             _save_config_and_tokenizer(gguf_config(gguf), tokenizer, out)
-            _save_dequantized_weights(gguf, out)
+            writer(gguf, out)
         else:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
             # transformers refuses to save a model it thinks is GGUF-quantised; the weights are
@@ -381,30 +387,10 @@ def convert_gguf(gguf: Path, out: Path, weights: bool = True) -> None:
 
 
 # Model types whose GGUF tensors transformers does not load (it maps no tensors for "mixtral",
-# whose files llama.cpp writes as llama): dequantized here, by the runtime's own reader.
+# whose files llama.cpp writes as llama): their float weights are written by the runtime's own
+# reader, which registers its writer here when it is imported (this module sits below it).
 _OWN_WEIGHTS_TYPES = ("mixtral",)
-
-
-def _save_dequantized_weights(gguf: Path, out: Path) -> None:
-    """The file's tensors in float32 as ``model.safetensors`` under transformers 5's names (the
-    experts' gate and up stacked into its fused ``gate_up_proj``), read by ``GGUFWeights``."""
-    import torch
-    from safetensors.torch import save_file
-
-    from radixlang.runtime.models.gguf_weights import GGUFWeights
-
-    weights = GGUFWeights(gguf)
-    tensors = {}
-    for name in weights.names:
-        if name.endswith("mlp.experts.up_proj"):
-            continue  # stacked under its gate
-        if name.endswith("mlp.experts.gate_proj"):
-            stem = name.removesuffix("gate_proj")
-            gate, up = weights.get(name), weights.get(stem + "up_proj")
-            tensors[stem + "gate_up_proj"] = torch.cat([gate, up], dim=1)
-        else:
-            tensors[name] = weights.get(name)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+GGUF_WEIGHT_WRITERS: dict[str, Callable[[Path, Path], None]] = {}
 
 
 def gguf_config(gguf: Path) -> Any:

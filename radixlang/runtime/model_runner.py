@@ -22,6 +22,7 @@ from radixlang.runtime.block_pool import RELEASED, blocks_for, dead_blocks
 from radixlang.runtime.cuda_graphs import DEFAULT_MAX_BATCH, DecodeGraphRunner, capture_sizes
 from radixlang.runtime.forward_batch import ForwardBatch
 from radixlang.runtime.kv_cache import KVCache, default_kv_budget
+from radixlang.runtime.models import gguf_weights  # noqa: F401 (registers its GGUF weight writer)
 from radixlang.runtime.models.linear import QUANTIZATIONS
 from radixlang.runtime.models.llama import LlamaForCausalLM
 

@@ -48,7 +48,7 @@ from gguf.quants import dequantize
 from radixlang.gguf_file import GGUFFile, GGUFFormatError, TensorEntry
 from radixlang.kernels import block_linear
 from radixlang.kernels.block_formats import BY_GGML_TYPE, RawBlocks
-from radixlang.model_files import UnsupportedModelError, gguf_config
+from radixlang.model_files import GGUF_WEIGHT_WRITERS, UnsupportedModelError, gguf_config
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -301,3 +301,26 @@ class GGUFWeights:
 def hf_config(path: str | Path) -> PretrainedConfig:
     """The transformers config of a ``.gguf`` file (see ``GGUFWeights.hf_config``)."""
     return GGUFWeights(path).hf_config()
+
+
+def save_dequantized_weights(gguf: Path, out: Path) -> None:
+    """The file's tensors in float32 as ``model.safetensors`` under transformers 5's names (the
+    experts' gate and up stacked into its fused ``gate_up_proj``): a Mixtral file, which
+    transformers cannot load, converted for ``quantization="none"``."""
+    from safetensors.torch import save_file
+
+    weights = GGUFWeights(gguf)
+    tensors = {}
+    for name in weights.names:
+        if name.endswith("mlp.experts.up_proj"):
+            continue  # stacked under its gate
+        if name.endswith("mlp.experts.gate_proj"):
+            stem = name.removesuffix("gate_proj")
+            gate, up = weights.get(name), weights.get(stem + "up_proj")
+            tensors[stem + "gate_up_proj"] = torch.cat([gate, up], dim=1)
+        else:
+            tensors[name] = weights.get(name)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+GGUF_WEIGHT_WRITERS["mixtral"] = save_dequantized_weights
