@@ -365,6 +365,13 @@ ENGINE_SETTINGS = (
             "a second tier for evicted prefixes' KV, e.g. 4GiB (off by default): pinned host "
             "memory for a GPU pool; host memory for a CPU pool, or a memory-mapped file under "
             "cache_dir when over half the available memory"),
+    Setting("engine", "disk_tier_size", SIZE, None,
+            "a disk tier under the host tier, e.g. 32GiB (needs host_tier_memory): what the "
+            "host tier would drop is spilled to a file under cache_dir (else the temp folder) "
+            "and loaded back from it"),
+    Setting("engine", "prefetch", BOOL, True,
+            "with a host tier, load tiered prefixes back on a copy thread before their request "
+            "is admitted: when it arrives, and when a paused program's predicted return nears"),
     Setting("engine", "preemption", _choice_kind(PREEMPTIONS), None,
             "a retracted request's KV: swap (to the host tier, loaded back; the default with "
             "one) or recompute (left in the device cache; the default without)"),

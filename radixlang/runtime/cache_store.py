@@ -78,8 +78,8 @@ def save(cache: RadixCache, kv: KVCache, folder: Path, print_: dict[str, Any]) -
     for node in cache.nodes_parents_first():
         if node.tiered:
             assert tier is not None
-            k, v = tier.k, tier.v  # type: ignore[attr-defined]
-            blocks = node.host_blocks
+            k, v = tier.gather(node.host_blocks)  # type: ignore[attr-defined]
+            blocks = list(range(len(node.host_blocks)))
         else:
             k, v, blocks = kv.k, kv.v, node.blocks
         blob = _node_bytes(k, v, blocks, node.start, node.end, kv.block_size)

@@ -43,11 +43,13 @@ from radixlang.runtime.beam_search import (
 from radixlang.runtime.block_pool import BlockPool
 from radixlang.runtime.cpu_threads import ThreadGovernor, adapt_by_default
 from radixlang.runtime.detokenizer import IncrementalDetokenizer
+from radixlang.runtime.disk_tier import SpillingTier
 from radixlang.runtime.dtype_choice import choose_dtype
 from radixlang.runtime.engine_view import block_owners, request_rows, tree_view
 from radixlang.runtime.grammar_masks import MaskFiller
 from radixlang.runtime.handle import EventCallback, RequestHandle, ResultCallback
 from radixlang.runtime.host_tier import HostTier
+from radixlang.runtime.kv_cache import KVCache
 from radixlang.runtime.kv_events import KvEvent
 from radixlang.runtime.memory_report import MemoryReport, collect_memory_report
 from radixlang.runtime.model_runner import ModelRunner, SequenceInput
@@ -75,6 +77,7 @@ from radixlang.runtime.speculative.drafter import Drafter
 from radixlang.runtime.speculative.step_cost import CPU_PRIOR, GPU_PRIOR, StepCost
 from radixlang.runtime.speculative.verify import DraftVerifier
 from radixlang.runtime.step_loop import OneAtATime, Overlapped
+from radixlang.runtime.tier_prefetch import TierCopier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -304,15 +307,16 @@ class Engine:
         self.reasoning_markers = reasoning_markers(self.tokenizer)
         self.tool_format = format_for(self.tokenizer, config.tool_call_format)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, copy_hook=self._copy_block)
-        tier_bytes = parse_memory(config.host_tier_memory)
-        self.host_tier = (
-            HostTier.from_budget(self.runner.kv, tier_bytes, self.cache_dir) if tier_bytes else None
+        self.host_tier = _make_tier(
+            self.runner.kv, config.host_tier_memory, config.disk_tier_size, self.cache_dir
         )
         # Retained paths (programs paused at tool calls) may hold this share of the pool.
         retained = int(config.retain_max_share * self.pool.num_blocks)
         self.cache = RadixCache(self.pool, self.host_tier, max_retained_blocks=retained)
         if config.kv_events:
             self.cache.enable_kv_events()
+        if self.host_tier is not None and config.prefetch:
+            self.cache.copier = TierCopier()  # tier loads on a thread of their own
         # On by default, on CPU too (default model, float32, batch 32, the JSON workload of
         # benchmarks/bench_structured.py): a step waits p99 0.1 ms for its masks instead of
         # 5 ms, and in alternating runs decode went at a median 150 tok/s against 136.
@@ -491,7 +495,12 @@ class Engine:
     def release_retained(self, program: str) -> int:
         """End the retentions of ``program``'s paths (it ended: nothing will resume them);
         returns how many paths it had retained."""
-        return self._call(lambda: self.cache.release(program))
+
+        def release() -> int:
+            self.scheduler.return_times.ended(program)
+            return self.cache.release(program)
+
+        return self._call(release)
 
     def abort(self, request_id: str) -> None:
         """Stop a request wherever it is; its blocks are released (a no-op once finished)."""
@@ -622,6 +631,7 @@ class Engine:
         s.update(self.cache.tier_stats())
         # Retention: the paths programs paused at tool calls keep, and what eviction took.
         s.update(self.cache.retention_stats())
+        s.update(self.scheduler.return_times.stats())
         # Speculative decoding: drafts verified and accepted.
         if self.drafter is not None:
             s.update(self.drafter.stats())
@@ -732,6 +742,9 @@ class Engine:
             self._abort_all()
         self._masks.close()
         self._stepper.close()
+        if self.cache.copier is not None:
+            self._call(lambda: self.cache.settle_loads(wait=True))
+            self.cache.copier.close()
         if closing and self.cache_dir is not None:
             try:
                 self._save_cache()
@@ -879,9 +892,21 @@ class Engine:
                     self._fail_all(e)
             else:
                 self._went_idle.set()  # a flush_cache waiting for the requests to end may go
-                self._wake.wait()
+                # Idle, a paused program's predicted return may still call for a prefetch.
+                due = self.scheduler.next_prefetch_in()
+                if due is not None and due <= 0:
+                    self._prefetch_due()
+                    continue
+                self._wake.wait(due)
                 self._wake.clear()
         self._abort_all()
+
+    def _prefetch_due(self) -> None:
+        try:
+            self.scheduler.prefetch_due()
+            self.cache.settle_loads()
+        except Exception:  # a failed copy costs a recompute later, not the engine
+            log.exception("tier prefetch failed")
 
     def _drain_inbox(self) -> None:
         while self._inbox:
@@ -950,6 +975,25 @@ class Engine:
 def _decoding(chunk: Chunk) -> bool:
     """A decode (with or without a draft): one token after the prompt."""
     return chunk.end - chunk.start == 1 and chunk.start >= len(chunk.req.prompt_ids)
+
+
+def _make_tier(
+    kv: KVCache, host_memory: int | str | None, disk_size: int | str | None, folder: Path | None
+) -> HostTier | SpillingTier | None:
+    """The radix cache's tier: host memory, with a disk tier under it when asked."""
+    host_bytes = parse_memory(host_memory)
+    disk_bytes = parse_memory(disk_size)
+    if disk_bytes and not host_bytes:
+        raise ValueError("disk_tier_size needs a host tier above it: set host_tier_memory too")
+    if not host_bytes:
+        return None
+    if not disk_bytes:
+        return HostTier.from_budget(kv, host_bytes, folder)
+    per_block = kv.shape.bytes_per_block(kv.block_size, kv.dtype)
+    if min(host_bytes, disk_bytes) < per_block:
+        raise ValueError(f"host_tier_memory and disk_tier_size must each hold a KV block "
+                         f"({per_block} bytes)")  # fmt: skip
+    return SpillingTier(kv, host_bytes // per_block, disk_bytes // per_block, folder)
 
 
 def _choose_overlap(

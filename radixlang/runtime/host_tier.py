@@ -113,6 +113,12 @@ class HostTier:
         self.blocks_read += len(host_blocks)
         self.read_seconds += time.perf_counter() - start
 
+    def gather(self, blocks: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of tier ``blocks``, ``[layers, len(blocks), block, heads, dim]`` each (to
+        save them)."""
+        idx = torch.tensor(list(blocks), dtype=torch.long)
+        return self.k.index_select(1, idx), self.v.index_select(1, idx)
+
     def stats(self) -> dict[str, int | str]:
         used = self.pool.num_used
         return {

@@ -49,9 +49,16 @@ from radixlang.runtime.kv_events import (
     salt_seed,
     tree_block_hashes,
 )
-from radixlang.runtime.radix_node import CacheHandle, RadixNode, StaleHandleError
+from radixlang.runtime.radix_node import (
+    CacheHandle,
+    RadixNode,
+    StaleHandleError,
+    retained_stamp,
+    tier_stamp,
+)
 from radixlang.runtime.radix_retention import RetentionMoves
 from radixlang.runtime.radix_tier import TierMoves, TierStore
+from radixlang.runtime.tier_prefetch import PrefetchMoves
 
 
 class CacheInUseError(RuntimeError):
@@ -107,9 +114,7 @@ def common_prefix_len(key: Sequence[int], tokens: Sequence[int], pos: int = 0) -
     return lo
 
 
-def _pop_live(
-    candidates: dict[RadixNode, int], heap: list[tuple[int, int, RadixNode]]
-) -> RadixNode | None:
+def _pop_live(candidates: dict[RadixNode, Any], heap: list) -> RadixNode | None:
     """The least recently used live candidate of ``heap``, taken off it (None when empty);
     stale entries (the node was touched, locked, extended or removed) are dropped."""
     while heap:
@@ -117,6 +122,13 @@ def _pop_live(
         if candidates.get(node) == stamp:
             return node
     return None
+
+
+def _disk_stats(tier: TierStore) -> dict[str, int]:
+    """A disk tier's occupancy and traffic (``disk_*``; none for a host tier alone)."""
+    if not hasattr(tier, "disk_blocks"):
+        return {}
+    return {k: v for k, v in tier.stats().items() if k.startswith("disk_")}  # type: ignore[attr-defined]
 
 
 def _last_access(node: RadixNode) -> int:
@@ -128,7 +140,7 @@ def _as_token_list(tokens: Sequence[int]) -> list[int]:
     return tolist() if tolist is not None else list(tokens)
 
 
-class RadixCache(TierMoves, RetentionMoves):
+class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
     """Token-id radix tree over a :class:`BlockPool`, with LRU eviction of unlocked leaves
     (retained ones last: ``radix_retention.py``)."""
 
@@ -159,8 +171,8 @@ class RadixCache(TierMoves, RetentionMoves):
         self._candidates: dict[RadixNode, int] = {}
         self._heap: list[tuple[int, int, RadixNode]] = []
         # The same for the tier: unlocked tiered leaves.
-        self._tier_candidates: dict[RadixNode, int] = {}
-        self._tier_heap: list[tuple[int, int, RadixNode]] = []
+        self._tier_candidates: dict[RadixNode, tuple[int, float]] = {}
+        self._tier_heap: list[tuple[tuple[int, float], int, RadixNode]] = []
         self._tiered_tokens = 0
         # Statistics for reports.
         self.match_queries = 0
@@ -174,6 +186,7 @@ class RadixCache(TierMoves, RetentionMoves):
         # What is stored and removed, block by block, for routers (``enable_kv_events``).
         self.kv_events: KvEventLog | None = None
         self._init_retention(max_retained_blocks)
+        self._init_prefetch()
 
     def enable_kv_events(self, log: KvEventLog | None = None) -> KvEventLog:
         """Start emitting KV events (``runtime/kv_events.py``) into ``log`` (a new one if not
@@ -207,7 +220,12 @@ class RadixCache(TierMoves, RetentionMoves):
         path, _ = self._walk(key, split=True, root=root)
         loaded = 0
         if path and path[-1].tiered:
-            path, loaded = self._load(path)
+            if self._tickets:  # a background load of it may be under way: wait for it
+                self._settle_path(path)
+            if path[-1].tiered:
+                path, loaded = self._load(path)
+        if self._tickets or self.tier_prefetched_blocks_total:
+            self._count_ahead(path)
         for node in path:
             node.last_access = self._clock
             node.hits += 1
@@ -226,6 +244,52 @@ class RadixCache(TierMoves, RetentionMoves):
         if root is None:
             return 0
         return self._walk(_as_token_list(tokens), split=False, root=root)[1]
+
+    def prefetch_prefix(
+        self, tokens: Sequence[int], salt: str = "", key: str | None = None, room: int = 0
+    ) -> int:
+        """Start loading the tiered part of ``tokens``' cached prefix in the background
+        (``tier_prefetch.py``); returns the blocks it will load. Splits and touches nothing:
+        a node the prefix ends inside is loaded whole."""
+        root = self._roots.get(salt)
+        if root is None or self.tier is None or self.copier is None:
+            return 0
+        key_tokens = _as_token_list(tokens)
+        path, length = self._walk(key_tokens, split=False, root=root)
+        end = path[-1] if path else root
+        if length > end.end:
+            end = end.children[key_tokens[end.end]]
+        if not end.tiered:
+            return 0
+        return self.prefetch(CacheHandle(end), key, room)
+
+    def prefetch_retained(self, key: str, room: int = 0) -> int:
+        """Start loading back ``key``'s retained paths that are in the tier; returns the
+        blocks being loaded."""
+        started = 0
+        for node in list(self._retained.get(key, {})):
+            if node.tiered and not node.evicted:
+                n = self.prefetch(CacheHandle(node), key, room)
+                room = max(0, room - n)
+                started += n
+        return started
+
+    def tier_seconds_per_block(self) -> float:
+        """The tier's measured read time per block (0 before any read or without a tier)."""
+        tier = self.tier
+        read = getattr(tier, "blocks_read", 0)
+        return getattr(tier, "read_seconds", 0.0) / read if read else 0.0
+
+    def load_pending(self, tokens: Sequence[int], salt: str = "") -> bool:
+        """Whether a background load for ``tokens``' cached prefix is still copying."""
+        root = self._roots.get(salt)
+        if root is None or not self._tickets:
+            return False
+        path, _ = self._walk(_as_token_list(tokens), split=False, root=root)
+        loading = self._ticket_of_host
+        return any(
+            not loading[b].done for n in path if n.tiered for b in n.host_blocks if b in loading
+        )
 
     def continuation(
         self, handle: CacheHandle, tokens: Sequence[int], max_tokens: int
@@ -316,14 +380,18 @@ class RadixCache(TierMoves, RetentionMoves):
         if self.tier is None:
             return {}
         tier_pool = self.tier.pool
-        return {
-            "tier_tokens": self._tiered_tokens,
-            "tier_blocks_used": tier_pool.num_used,
-            "tier_blocks_total": tier_pool.num_blocks,
-            "tier_written_blocks_total": self.tier_written_blocks_total,
-            "tier_loaded_tokens_total": self.tier_loaded_tokens_total,
-            "tier_dropped_tokens_total": self.tier_dropped_tokens_total,
-        }
+        return (
+            {
+                "tier_tokens": self._tiered_tokens,
+                "tier_blocks_used": tier_pool.num_used,
+                "tier_blocks_total": tier_pool.num_blocks,
+                "tier_written_blocks_total": self.tier_written_blocks_total,
+                "tier_loaded_tokens_total": self.tier_loaded_tokens_total,
+                "tier_dropped_tokens_total": self.tier_dropped_tokens_total,
+            }
+            | self.prefetch_stats()
+            | _disk_stats(self.tier)
+        )
 
     # ---- updates -------------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], blocks: Sequence[int], salt: str = "") -> int:
@@ -451,6 +519,7 @@ class RadixCache(TierMoves, RetentionMoves):
 
     def flush(self) -> list[int]:
         """Drop every cached prefix; refused while any path is locked. Returns freed blocks."""
+        self.settle_loads(wait=True)  # loads in flight hold their paths: finish them first
         roots = list(self._roots.values())
         if any(child.lock_ref for root in roots for child in root.children.values()):
             raise CacheInUseError("cannot flush the radix cache while requests hold locked paths")
@@ -472,6 +541,7 @@ class RadixCache(TierMoves, RetentionMoves):
         self._retained_candidates.clear()
         self._retained_heap.clear()
         self._retained.clear()
+        self._returns.clear()
         self._deadlines.clear()
         self._tier_candidates.clear()
         self._tier_heap.clear()
@@ -663,6 +733,7 @@ class RadixCache(TierMoves, RetentionMoves):
         parent = node.parent
         assert parent is not None
         blocks, head = len(node.blocks), tuple(node.tokens[:_EVICTION_HEAD_TOKENS])
+        self._forget_prefetch(node)
         freed = self._demote(node) if self.tier is not None else self._remove_leaf(node)
         self.evictions.append(
             Eviction(time.time(), node.id, parent.id, node.start, node.end, head, blocks,
@@ -705,7 +776,7 @@ class RadixCache(TierMoves, RetentionMoves):
             if node.children:
                 self._tier_candidates.pop(node, None)
             else:
-                self._push(node, self._tier_candidates, self._tier_heap)
+                self._push(node, self._tier_candidates, self._tier_heap, tier_stamp(node))
             return
         children = node.children.values()
         if any(not c.tiered for c in children) if self.tier is not None else children:
@@ -713,19 +784,18 @@ class RadixCache(TierMoves, RetentionMoves):
             self._retained_candidates.pop(node, None)
         elif node.retained_until:
             self._candidates.pop(node, None)
-            self._push(node, self._retained_candidates, self._retained_heap)
+            self._push(node, self._retained_candidates, self._retained_heap, retained_stamp(node))
         else:
             self._retained_candidates.pop(node, None)
-            self._push(node, self._candidates, self._heap)
+            self._push(node, self._candidates, self._heap, node.last_access)
 
     @staticmethod
-    def _push(
-        node: RadixNode, candidates: dict[RadixNode, int], heap: list[tuple[int, int, RadixNode]]
-    ) -> None:
-        if candidates.get(node) == node.last_access:
+    def _push(node: RadixNode, candidates: dict[RadixNode, Any], heap: list, stamp: Any) -> None:
+        """Make ``stamp`` ``node``'s live entry in ``heap`` (smallest goes first)."""
+        if candidates.get(node) == stamp:
             return
-        candidates[node] = node.last_access
-        heapq.heappush(heap, (node.last_access, node.id, node))
+        candidates[node] = stamp
+        heapq.heappush(heap, (stamp, node.id, node))
         if len(heap) > 2 * len(candidates) + 64:  # drop stale entries, amortised
             heap[:] = [(s, n.id, n) for n, s in candidates.items()]
             heapq.heapify(heap)

@@ -15,6 +15,7 @@ from itertools import pairwise
 from typing import Any
 
 from radixlang.runtime.block_pool import IntegrityError
+from radixlang.runtime.radix_node import retained_stamp, tier_stamp
 
 
 def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) -> None:
@@ -69,7 +70,7 @@ def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) 
             _expect(not device_children, f"node {node.id}: a device node under a tiered one")
             tiered_tokens += len(node.tokens)
             if not node.lock_ref and not node.children:
-                tier_candidates[node] = node.last_access
+                tier_candidates[node] = tier_stamp(node)
             for j, b in enumerate(node.host_blocks):
                 tier_holders.setdefault(b, []).append((node, first + j))
             continue
@@ -86,8 +87,10 @@ def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) 
         else:
             evictable += own
             if not device_children:
-                chosen = retained_candidates if node.retained_until else candidates
-                chosen[node] = node.last_access
+                if node.retained_until:
+                    retained_candidates[node] = retained_stamp(node)
+                else:
+                    candidates[node] = node.last_access
         for j, b in enumerate(node.blocks):
             holders.setdefault(b, []).append((node, first + j))
     _expect(nodes == cache._num_nodes, f"node count {cache._num_nodes} != {nodes}")
@@ -117,9 +120,11 @@ def check_integrity(cache: Any, external_refs: Mapping[int, int] | None = None) 
             chain = sorted((n for n, _ in hs), key=lambda n: n.start)
             for up, down in pairwise(chain):
                 _expect(_is_ancestor(up, down), f"block {b} shared by nodes on two branches")
-    if cache.tier is not None:  # only the tree holds tier blocks: the counts are exact
-        cache.tier.pool.check_integrity(Counter({b: len(hs) for b, hs in tier_holders.items()}))
-    tree_refs = Counter({b: len(hs) for b, hs in holders.items()})
+    loading_device, loading_host = cache.ticket_refs()  # loads in flight (tier_prefetch.py)
+    if cache.tier is not None:  # only the tree and loads hold tier blocks: the counts are exact
+        tier_refs = Counter({b: len(hs) for b, hs in tier_holders.items()})
+        cache.tier.pool.check_integrity(tier_refs + Counter(loading_host))
+    tree_refs = Counter({b: len(hs) for b, hs in holders.items()}) + Counter(loading_device)
     if external_refs is None:
         for b, k in tree_refs.items():
             _expect(cache.pool.refcount(b) >= k, f"block {b}: refcount below tree holders")

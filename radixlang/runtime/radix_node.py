@@ -17,6 +17,7 @@ class RadixNode:
         "blocks",
         "children",
         "evicted",
+        "expected_return",
         "hashes",
         "hits",
         "host_blocks",
@@ -25,6 +26,7 @@ class RadixNode:
         "lock_ref",
         "own_blocks",
         "parent",
+        "prefetched",
         "retained_until",
         "start",
         "tokens",
@@ -51,9 +53,14 @@ class RadixNode:
         self.evicted = False
         # Nonzero while a program retains this path (radix_retention.py): its latest deadline.
         self.retained_until = 0.0
+        # While retained: when its program is predicted to call again (eviction order).
+        self.expected_return = 0.0
         # Tiered: the KV is in these host-tier blocks (by block index, like ``blocks``) and
         # ``blocks`` is empty.
         self.host_blocks: list[int] = []
+        # Device blocks a background load brought in that no match has used yet (counted as
+        # loaded ahead of their request when one does: tier_prefetch.py).
+        self.prefetched = 0
         # With KV events on: the chain hashes of the full blocks whose last token is in this
         # node, i.e. block indices [start // block_size, end // block_size).
         self.hashes: list[int] = []
@@ -65,6 +72,19 @@ class RadixNode:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+def retained_stamp(node: RadixNode) -> float:
+    """A retained device leaf's eviction order: the furthest predicted return goes first."""
+    return -node.expected_return
+
+
+def tier_stamp(node: RadixNode) -> tuple[int, float]:
+    """A tiered leaf's: plain ones least recently used first, then retained ones, furthest
+    predicted return first."""
+    if node.retained_until:
+        return (1, -node.expected_return)
+    return (0, float(node.last_access))
 
 
 class CacheHandle:

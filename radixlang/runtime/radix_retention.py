@@ -41,16 +41,23 @@ class RetentionMoves:
     def _init_retention(self, max_retained_blocks: int | None) -> None:
         self.max_retained_blocks = max_retained_blocks
         self._retained: dict[str, dict[RadixNode, float]] = {}  # key -> its nodes' deadlines
+        # key -> its nodes' predicted return times (the soonest over keys is the node's own).
+        self._returns: dict[str, dict[RadixNode, float]] = {}
         self._deadlines: list[tuple[float, int, str, RadixNode]] = []  # expiry heap
         self._seq = itertools.count()
         # Retained device leaves: evicted only after every plain candidate.
-        self._retained_candidates: dict[RadixNode, int] = {}
-        self._retained_heap: list[tuple[int, int, RadixNode]] = []
+        self._retained_candidates: dict[RadixNode, float] = {}
+        self._retained_heap: list[tuple[float, int, RadixNode]] = []
         self.retained_total = 0  # retentions made
         self.retained_evicted_blocks_total = 0  # device blocks of retained leaves evicted
 
-    def retain(self, handle: CacheHandle, key: str, ttl: float) -> None:
-        """Keep the path to ``handle`` for ``key``'s next call, up to ``ttl`` seconds."""
+    def retain(
+        self, handle: CacheHandle, key: str, ttl: float, expected_return: float | None = None
+    ) -> None:
+        """Keep the path to ``handle`` for ``key``'s next call, up to ``ttl`` seconds;
+        ``expected_return`` (``time.monotonic`` seconds, ``return_times.py``): when that call
+        is predicted, which orders eviction among retained paths (furthest first). Without
+        one, the deadline stands in for it."""
         if ttl <= 0:
             return
         node = self._live_node(handle)
@@ -62,9 +69,15 @@ class RetentionMoves:
         deadline = now + ttl
         paths.pop(node, None)
         paths[node] = deadline
+        returns = self._returns.setdefault(key, {})
+        returns.pop(node, None)
+        returns[node] = min(deadline, expected_return if expected_return is not None else deadline)
         while len(paths) > MAX_PATHS_PER_KEY:
             self._forget(key, next(iter(paths)))
+        was_retained = bool(node.retained_until)
         node.retained_until = max(node.retained_until, deadline)
+        soonest = returns[node]
+        node.expected_return = min(node.expected_return, soonest) if was_retained else soonest
         heapq.heappush(self._deadlines, (deadline, next(self._seq), key, node))
         self.retained_total += 1
         self._refresh_candidate(node)
@@ -118,11 +131,17 @@ class RetentionMoves:
         if paths is None or node not in paths:
             return
         del paths[node]
+        returns = self._returns.get(key, {})
+        returns.pop(node, None)
         if not paths:
             del self._retained[key]
+            self._returns.pop(key, None)
         # Another key may still name the node (two programs on one path): keep its deadline.
         others = [p[node] for p in self._retained.values() if node in p]
         node.retained_until = max(others, default=0.0)
+        node.expected_return = min(
+            (r[node] for r in self._returns.values() if node in r), default=0.0
+        )
         if not node.evicted:
             self._refresh_candidate(node)
 

@@ -43,6 +43,8 @@ class TierMoves:
     pool: BlockPool
     block_size: int
     _drop_retentions: Callable[[RadixNode], None]
+    tier_loaded_blocks_total: int
+    tier_sync_loaded_blocks_total: int
 
     def _demote(self, node: RadixNode) -> list[int]:
         """Evict a device leaf into the tier (or drop it, with its tiered subtree, when the tier
@@ -97,6 +99,8 @@ class TierMoves:
             host = [b for b in wanted if b in seen]
             device = self.pool.alloc(len(host))
             tier.read(host, device)
+            self.tier_loaded_blocks_total += len(host)
+            self.tier_sync_loaded_blocks_total += len(host)
             to_device = dict(zip(host, device, strict=True))
             loaded = 0
             for node in loading:

@@ -35,6 +35,7 @@ from radixlang.runtime.block_pool import (
 )
 from radixlang.runtime.radix_cache import MatchResult, RadixCache, common_prefix_len
 from radixlang.runtime.request import FinishReason, Req, ReqStatus
+from radixlang.runtime.return_times import ReturnTimes
 
 # Waiting queues longer than this are ordered first-come-first-served: prefix-aware ordering
 # walks the tree once per waiting request every step.
@@ -46,6 +47,10 @@ MAX_LOGPROB_CHUNK = 512
 INITIAL_NEW_TOKEN_RATIO = 0.5
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
+# A predicted return's load starts this early, plus its copy time (PREFETCH_LEAD_BLOCKS blocks
+# at the tier's measured speed): a few decode steps on a CPU.
+PREFETCH_LEAD_S = 0.1
+PREFETCH_LEAD_BLOCKS = 256
 # The "program" policy: a request waiting this long goes first whatever its program's service;
 # the service of this many programs is remembered (the least recently served forgotten first).
 STARVATION_S = 10.0
@@ -177,11 +182,43 @@ class Scheduler:
         self._evicted_base = cache.evicted_blocks_total
         # Tokens computed per program, least recently served first (the "program" policy).
         self.service: dict[str, int] = {}
+        # When paused programs return (return_times.py): eviction order among retained paths,
+        # and when to load a retained path back from the tier (with the cache's copier).
+        self.return_times = ReturnTimes()
 
     # ---- queue ---------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         req.status = ReqStatus.WAITING
         self.waiting.append(req)
+        self.return_times.resumed(req.program)
+        if self.cache.copier is not None and self.cache.tiered_tokens:
+            # Load its tiered prefix now, on the copy thread, while this step's forward runs:
+            # admission then finds it resident. Evicting for room only when it is next in line.
+            room = self.cache.evictable_size() if len(self.waiting) == 1 else 0
+            key = req.tokens[: req.reuse_limit()]
+            self.cache.prefetch_prefix(key, req.cache_salt, req.program, room)
+
+    def prefetch_due(self) -> None:
+        """Load back the retained paths of paused programs predicted to return soon (with a
+        copier and a tier holding something); room for them comes from plain cached prefixes
+        only, never from retained ones or running requests' needs."""
+        cache = self.cache
+        if cache.copier is None or not cache.tiered_tokens:
+            return
+        for program in self.return_times.due(self.prefetch_lead()):
+            room = max(0, cache.evictable_size() - cache.retained_blocks() - self._reserve_blocks())
+            cache.prefetch_retained(program, room)
+
+    def prefetch_lead(self) -> float:
+        """How early to start a predicted return's load: a few steps plus its copy."""
+        return PREFETCH_LEAD_S + self.cache.tier_seconds_per_block() * PREFETCH_LEAD_BLOCKS
+
+    def next_prefetch_in(self) -> float | None:
+        """Seconds until a paused program's load falls due (None: nothing to wait for)."""
+        if self.cache.copier is None or not self.cache.tiered_tokens:
+            return None
+        at = self.return_times.next_due(self.prefetch_lead())
+        return None if at is None else max(0.0, at - self.return_times.now())
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -189,6 +226,9 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> Schedule:
         """Choose the next step's chunks and hold the blocks they write."""
+        if self.cache.loads_in_flight():
+            self.cache.settle_loads()  # copies done since the last step join the tree
+        self.prefetch_due()
         out = Schedule()
         budget = self.max_batch_tokens
         plan: list[tuple[Req, int]] = []
@@ -273,7 +313,9 @@ class Scheduler:
                 except KeyError:  # not all of it was cached: nothing whole to keep
                     handle = None
                 if handle is not None:
-                    self.cache.retain(handle, req.program, req.retain_s)
+                    self.return_times.paused(req.program)
+                    expected = self.return_times.expected_return(req.program)
+                    self.cache.retain(handle, req.program, req.retain_s, expected)
         elif req.status is ReqStatus.WAITING:
             self.waiting.remove(req)
         req.status = ReqStatus.FINISHED
@@ -452,6 +494,8 @@ class Scheduler:
             if req.tokens[-1] < 0:  # retracted with a token still being sampled: next step
                 continue
             key = req.tokens[: req.reuse_limit()]
+            if self.running and self.cache.load_pending(key, req.cache_salt):
+                continue  # its prefix is still being copied in: next step, not a wait now
             cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
                 continue  # a prompt being computed holds its next tokens: hit them next step

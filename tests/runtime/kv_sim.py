@@ -6,6 +6,7 @@ what a real KV entry depends on; a read that returns anything else found stale o
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -136,3 +137,40 @@ class KvEventMirror:
         for salt, tokens in queries:
             cached = self.cache.peek_prefix_len(list(tokens), salt) // bs
             assert self.index.match(block_hashes(list(tokens), bs, salt)) == cached
+
+
+class DeferredFuture(concurrent.futures.Future):
+    """A copy that runs when a rule says so, or when someone waits for it."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def run(self) -> None:
+        if not self.done():
+            self._fn()
+            self.set_result(None)
+
+    def result(self, timeout=None):
+        self.run()
+        return super().result(timeout)
+
+
+class DeferredCopier:
+    """A ``TierCopier`` whose copies run only when :meth:`run_all` is called (or a commit
+    waits for one): the cache must keep both sides of a copy intact until it has run."""
+
+    def __init__(self) -> None:
+        self.pending: list[DeferredFuture] = []
+
+    def submit(self, fn) -> DeferredFuture:
+        future = DeferredFuture(fn)
+        self.pending.append(future)
+        return future
+
+    def run_all(self) -> None:
+        while self.pending:
+            self.pending.pop(0).run()
+
+    def close(self) -> None:
+        self.run_all()

@@ -18,7 +18,7 @@ from collections import Counter
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from kv_sim import KvEventMirror, Served, SlotStore, SlotTier, release, serve
+from kv_sim import DeferredCopier, KvEventMirror, Served, SlotStore, SlotTier, release, serve
 
 from radixlang.runtime.block_pool import BlockPool, OutOfBlocksError
 from radixlang.runtime.radix_cache import CacheInUseError, RadixCache
@@ -39,6 +39,9 @@ class TierMachine(RuleBasedStateMachine):
         self.pool = BlockPool(self.num_blocks, self.block_size, copy_hook=self.store.copy)
         self.tier = SlotTier(self.store, self.tier_blocks)
         self.cache = RadixCache(self.pool, self.tier)
+        # Background loads whose copies run only when a rule says so (or a match waits).
+        self.copier = DeferredCopier()
+        self.cache.copier = self.copier
         self.requests: list[Served] = []
         self.inserted: set[tuple[str, tuple[int, ...]]] = {("", ()), ("s", ())}
         # 50 steps insert at most 50 * 14 tokens: 400 blocks never fill, so nothing is dropped.
@@ -131,6 +134,24 @@ class TierMachine(RuleBasedStateMachine):
     @rule()
     def deadlines_pass(self) -> None:
         self.cache.expire_retentions(time.monotonic() + 2000)
+
+    @rule(tokens=token_lists, salt=salts, room=st.integers(0, 8))
+    def prefetch(self, tokens: list[int], salt: str, room: int) -> None:
+        """A request arrives: its tiered prefix starts loading in the background."""
+        started = self.cache.prefetch_prefix(tokens, salt, room=room)
+        assert started == 0 or self.cache.loads_in_flight()
+
+    @rule(key=st.sampled_from(["a", "b"]), room=st.integers(0, 8))
+    def prefetch_retained(self, key: str, room: int) -> None:
+        """A paused program's return nears: its retained tiered paths start loading."""
+        self.cache.prefetch_retained(key, room)
+
+    @rule(wait=st.booleans())
+    def copies_finish(self, wait: bool) -> None:
+        """The copy thread catches up; the engine's next step commits what finished."""
+        self.copier.run_all()
+        self.cache.settle_loads(wait=wait)
+        assert self.cache.loads_in_flight() == 0
 
     @rule(n=st.integers(0, 12))
     def evict(self, n: int) -> None:
