@@ -49,6 +49,7 @@ class EngineReplica:
             "max_running_requests": e.scheduler.max_running_requests,
             "schedule_policy": e.scheduler.policy.value,
             "threads": e.threads,
+            "retain_max_s": e.config.retain_max_s,
         }
 
     def submit(self, request: GenerateRequest) -> None:
@@ -68,7 +69,8 @@ class EngineReplica:
     def poll(self, kv_seq: int, timeout: float) -> dict[str, Any]:
         """Wait up to ``timeout`` seconds for output; then every output since the last poll,
         the KV events after number ``kv_seq``, and, when the log no longer holds them all, a
-        snapshot to rebuild from (``kv_snapshot``: the last event's number and the hashes)."""
+        snapshot to rebuild from (``kv_snapshot``: the last event's number and, per node, the
+        salt seed, hashes and medium)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._outbox:
@@ -80,7 +82,7 @@ class EngineReplica:
         events, gap = self.engine.kv_events_since(kv_seq)
         reply: dict[str, Any] = {"outputs": outputs, "kv_events": events}
         if gap:
-            reply["kv_snapshot"] = self.engine.kv_block_hashes()
+            reply["kv_snapshot"] = self.engine.kv_block_media()
         return reply
 
     def stats(self) -> dict[str, float | int]:

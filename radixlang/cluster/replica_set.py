@@ -4,7 +4,9 @@
 (``submit`` returning a :class:`RequestHandle`, ``abort``, ``stats``, ``flush_cache``,
 ``release_retained``, the tokenizer and model facts), so ``radixlang serve --replicas N`` is
 the same server over it. Each request goes to the replica the :class:`Router` picks; the router
-follows every replica's KV events to know what each has cached.
+follows every replica's KV events to know what each has cached (and where: on the device or
+in the host tier), and which routing keys hold retained paths where (a request with
+``retain_s``), so that a paused program's next call finds its context.
 
 One thread per replica long-polls it (``EngineReplica.poll``) and feeds the handles. When a
 replica dies its poll fails: it leaves the rotation, its requests that have streamed nothing
@@ -29,9 +31,17 @@ from types import SimpleNamespace
 from typing import Any
 
 from radixlang.cluster.replica import EngineReplica
-from radixlang.cluster.router import BALANCE_ABS, BALANCE_REL, NoReplicaError, Route, Router
+from radixlang.cluster.router import (
+    BALANCE_ABS,
+    BALANCE_REL,
+    REASONS,
+    NoReplicaError,
+    Route,
+    Router,
+)
 from radixlang.constrain.tool_formats import format_for
 from radixlang.model_files import DEFAULT_MODEL, ModelFiles, load_model_files
+from radixlang.runtime.admission import retain_seconds
 from radixlang.runtime.engine import (
     CacheBusyError,
     EngineClosedError,
@@ -52,6 +62,8 @@ log = logging.getLogger(__name__)
 
 # Seconds a poll waits for output before it returns empty (and reads KV events anyway).
 POLL_SECONDS = 0.2
+# The finishes after which an engine retains a request's path (when it asked: retain_s).
+_RETAINING = (FinishReason.STOP, FinishReason.LENGTH)
 # Stats that are not sums over the replicas: taken as the largest.
 _MAX_STATS = ("grammar_mask_ms_", "grammar_mask_wait_ms_", "other_cores_busy")
 
@@ -87,6 +99,7 @@ class _Flight:
     submitted: float
     streamed: bool = False  # an event has reached the handle: it can no longer move
     attempts: int = 1
+    retain_s: float = 0.0  # as the replicas will take it (cut to their retain_max_s)
 
 
 class ReplicaSet:
@@ -97,7 +110,9 @@ class ReplicaSet:
     shared out; its engine's torch threads set to match) and, on ``device="cuda"``, one GPU.
     Replicas are spread over the cluster's nodes where they can be. ``max_restarts``: how
     often Ray restarts a replica that died (-1: always). A request that a dying replica had
-    not started streaming is sent again up to ``retries`` times."""
+    not started streaming is sent again up to ``retries`` times. ``balance_abs``,
+    ``balance_rel`` and ``retained_balance_abs`` (None: 4 x ``balance_abs``): the router's
+    overload limits (``cluster/router.py``)."""
 
     def __init__(
         self,
@@ -111,6 +126,7 @@ class ReplicaSet:
         retries: int = 1,
         balance_abs: int = BALANCE_ABS,
         balance_rel: float = BALANCE_REL,
+        retained_balance_abs: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
         if not isinstance(replicas, int) or replicas < 1:
@@ -157,7 +173,15 @@ class ReplicaSet:
                 ray.shutdown()
             raise RuntimeError(f"a replica failed to start: {_cause(e)}") from None
         first = self.replica_info[0]
-        self.router = Router(replicas, first["block_size"], routing, balance_abs, balance_rel)
+        self.router = Router(
+            replicas,
+            first["block_size"],
+            routing,
+            balance_abs,
+            balance_rel,
+            retained_balance_abs=retained_balance_abs,
+        )
+        self.retain_max_s = min(i["retain_max_s"] for i in self.replica_info)
         self.max_context = min(i["max_context"] for i in self.replica_info)
         self.deterministic = first["deterministic"]
         self.runner = SimpleNamespace(
@@ -212,15 +236,17 @@ class ReplicaSet:
     ) -> RequestHandle:
         """Route and queue a request (as ``Engine.submit``); a request the replica refuses
         raises its ``RequestError`` here. ``routing_key`` (else ``request.routing_key``): the
-        requests of one program or chat, kept on one replica."""
+        requests of one program or chat, kept on one replica (and, with ``retain_s``, on the
+        replica that retains its path)."""
         request = as_request(request, sampling, request_id)
+        retain_s = min(retain_seconds(request.retain_s), self.retain_max_s)
         rid = request.request_id or uuid.uuid4().hex
         salt = request.cache_salt if cache_salt is None else cache_salt
         key = routing_key if routing_key is not None else request.routing_key
         request = replace(request, request_id=rid, cache_salt=salt, routing_key=key)
         prompt_ids = self._prompt_ids(request)
         handle = RequestHandle(rid, self.abort, on_event, on_result)
-        flight = _Flight(handle, request, prompt_ids, -1, time.perf_counter())
+        flight = _Flight(handle, request, prompt_ids, -1, time.perf_counter(), retain_s=retain_s)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("the replica set is shut down")
@@ -238,7 +264,7 @@ class ReplicaSet:
     def stats(self) -> dict[str, float | int]:
         """The replicas' stats summed (throughputs, counts, blocks), the hit rate recomputed
         over all of them, and the router's: ``replicas``, ``replicas_up``, ``routed_<reason>``
-        (prefix, key, load, round_robin), ``retried_requests``, ``failed_requests``."""
+        (retained, key, prefix, load, round_robin), ``retried_requests``, ``failed_requests``."""
         per = self.replica_stats()
         total: dict[str, float | int] = {}
         for s in per:
@@ -251,7 +277,7 @@ class ReplicaSet:
         total["cache_hit_rate"] = total.get("prompt_tokens_reused", 0) / prompt if prompt else 0.0
         total["replicas"] = self.num_replicas
         total["replicas_up"] = sum(self.router.healthy)
-        for reason in ("prefix", "key", "load", "round_robin"):
+        for reason in REASONS:
             total[f"routed_{reason}"] = self.router.decisions[reason]
         total["retried_requests"] = self.retried_requests
         total["failed_requests"] = self.failed_requests
@@ -289,8 +315,11 @@ class ReplicaSet:
         returns how many paths they had retained. Every replica, not only the key's: the
         router moves a key off a replica that is down or overloaded, so its earlier calls'
         paths may be retained on another. A replica that fails meanwhile is skipped: it comes
-        back with an empty cache, nothing retained."""
-        up = [r for r in range(self.num_replicas) if self.router.healthy[r]]
+        back with an empty cache, nothing retained. The router stops keeping the key on the
+        replica that retained it (it routes as a plain key from then on)."""
+        with self._lock:
+            self.router.release_retained(program)
+            up = [r for r in range(self.num_replicas) if self.router.healthy[r]]
         released = 0
         for r, ref in [(r, self._actors[r].release_retained.remote(program)) for r in up]:
             try:
@@ -359,7 +388,11 @@ class ReplicaSet:
             with self._lock:
                 try:
                     route: Route = self.router.choose(
-                        flight.prompt_ids, request.cache_salt, request.routing_key, exclude
+                        flight.prompt_ids,
+                        request.cache_salt,
+                        request.routing_key,
+                        exclude,
+                        retain_s=flight.retain_s,
                     )
                 except NoReplicaError:
                     self._flights.pop(rid, None)
@@ -418,7 +451,7 @@ class ReplicaSet:
                 snapshot = reply.get("kv_snapshot")
                 if snapshot is not None:
                     kv_seq, nodes = snapshot
-                    index.reset(h for _, hashes in nodes for h in hashes)
+                    index.reset({h: medium for _, hashes, medium in nodes for h in hashes})
                 else:
                     for event in reply["kv_events"]:
                         index.apply(event)
@@ -433,6 +466,10 @@ class ReplicaSet:
                 if isinstance(item, GenerationResult):
                     del self._flights[rid]
                     self.router.finished(replica)
+                    key = flight.request.routing_key
+                    if key is not None and item.finish_reason in _RETAINING:
+                        # The replica retains the path from now (runtime/scheduler.py finish).
+                        self.router.extend_retention(key, replica, flight.retain_s)
                 else:
                     flight.streamed = True
             if isinstance(item, StreamEvent):

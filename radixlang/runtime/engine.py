@@ -683,6 +683,16 @@ class Engine:
 
         return self._call(read)
 
+    def kv_block_media(self) -> tuple[int, list[tuple[int, list[int], str]]]:
+        """:meth:`kv_block_hashes` with each node's medium (``device``, ``host``): (salt seed,
+        hashes, medium) per node."""
+
+        def read() -> tuple[int, list[tuple[int, list[int], str]]]:
+            log_ = self.cache.kv_events
+            return (log_.last_seq if log_ else 0), self.cache.block_media()
+
+        return self._call(read)
+
     def memory_report(self) -> MemoryReport:
         """Where the KV memory goes now: blocks by holder, live vs allocated slots, sharing,
         the host tier and the bookkeeping overhead (``runtime/memory_report.py``)."""

@@ -14,6 +14,12 @@ compute it.
 A block counts as cached while the radix tree holds its tokens, on the device or in the host
 tier (a tiered prefix still skips the prefill). Blocks a node only partly fills are not named:
 consumers see prefixes to the block, never to the token.
+
+A ``stored`` event also says where its blocks live (``medium``): ``device``, ``host`` (the
+host tier: loading them back costs a copy, not a prefill) or ``disk``. A block that moves is
+announced as stored again, on its new medium: eviction into the host tier announces ``host``,
+loading it back ``device``. A consumer that ignores ``medium`` sees a block stored twice, which
+changes nothing for it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ from typing import Any
 STORED = "stored"
 REMOVED = "removed"
 CLEARED = "cleared"  # the whole cache was flushed: forget everything before
+
+# Where a stored block lives (``KvEvent.medium``).
+DEVICE = "device"
+HOST = "host"
+DISK = "disk"
+MEDIA = (DEVICE, HOST, DISK)
 
 
 def salt_seed(salt: str) -> int:
@@ -69,22 +81,27 @@ def block_hashes(
 class KvEvent:
     """One change: ``hashes`` (in prefix order) became cached (``stored``, right after the
     block whose hash is ``parent``; None for a sequence's first block) or left the cache
-    (``removed``); or everything was dropped (``cleared``)."""
+    (``removed``); or everything was dropped (``cleared``). A stored event's ``medium`` says
+    where the blocks are now (one of :data:`MEDIA`)."""
 
     seq: int  # position in the engine's stream, from 1
     kind: str
     hashes: tuple[int, ...] = ()
     parent: int | None = None
     salt_seed: int = 0
+    medium: str = DEVICE
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "seq": self.seq,
             "kind": self.kind,
             "hashes": list(self.hashes),
             "parent": self.parent,
             "salt_seed": self.salt_seed,
         }
+        if self.kind == STORED:
+            out["medium"] = self.medium
+        return out
 
 
 class KvEventLog:
@@ -103,10 +120,15 @@ class KvEventLog:
         return self._next - 1
 
     def append(
-        self, kind: str, hashes: Sequence[int] = (), parent: int | None = None, seed: int = 0
+        self,
+        kind: str,
+        hashes: Sequence[int] = (),
+        parent: int | None = None,
+        seed: int = 0,
+        medium: str = DEVICE,
     ) -> None:
         with self._lock:
-            self._events.append(KvEvent(self._next, kind, tuple(hashes), parent, seed))
+            self._events.append(KvEvent(self._next, kind, tuple(hashes), parent, seed, medium))
             self._next += 1
 
     def since(self, seq: int) -> tuple[list[KvEvent], bool]:
@@ -121,7 +143,12 @@ class KvEventLog:
 
 
 # ---- naming a radix tree's blocks (the tree's nodes: ``tokens``, ``start``, ``end``,
-# ``parent``, ``children``, ``hashes``; runtime/radix_cache.py) ----------------------------------
+# ``parent``, ``children``, ``hashes``, ``tiered``; runtime/radix_cache.py) -----------------------
+def node_medium(node: Any) -> str:
+    """Where a tree node's KV is: in the host tier (``tiered``) or on the device."""
+    return HOST if node.tiered else DEVICE
+
+
 def name_node_blocks(
     log: KvEventLog, node: Any, seed: int, block_size: int, key: list[int] | None = None
 ) -> None:
@@ -135,7 +162,17 @@ def name_node_blocks(
     previous = hash_on_path(node.parent, first - 1, seed, block_size)
     node.hashes = block_hashes(key[: stop * block_size], block_size, first=first,
                                previous=previous)  # fmt: skip
-    log.append(STORED, node.hashes, previous if first else None, seed)
+    log.append(STORED, node.hashes, previous if first else None, seed, node_medium(node))
+
+
+def announce_moved_blocks(log: KvEventLog, node: Any, seed: int, block_size: int) -> None:
+    """``node`` moved between the device and a tier: announce its named blocks as stored
+    again (the same hashes and parent), on the medium they are on now."""
+    if not node.hashes:
+        return
+    first = node.start // block_size
+    parent = hash_on_path(node.parent, first - 1, seed, block_size) if first else None
+    log.append(STORED, node.hashes, parent, seed, node_medium(node))
 
 
 def hash_on_path(node: Any, index: int, seed: int, block_size: int) -> int:
@@ -161,6 +198,11 @@ def path_tokens(node: Any) -> list[int]:
 
 def tree_block_hashes(roots: Sequence[tuple[str, Any]]) -> list[tuple[int, list[int]]]:
     """Every named block under each salt's root, as (salt seed, hashes) per node."""
+    return [(seed, hashes) for seed, hashes, _ in tree_block_media(roots)]
+
+
+def tree_block_media(roots: Sequence[tuple[str, Any]]) -> list[tuple[int, list[int], str]]:
+    """Every named block under each salt's root, as (salt seed, hashes, medium) per node."""
     out = []
     for salt, root in roots:
         seed = salt_seed(salt)
@@ -169,5 +211,5 @@ def tree_block_hashes(roots: Sequence[tuple[str, Any]]) -> list[tuple[int, list[
             node = stack.pop()
             stack.extend(node.children.values())
             if node.hashes:
-                out.append((seed, list(node.hashes)))
+                out.append((seed, list(node.hashes), node_medium(node)))
     return out

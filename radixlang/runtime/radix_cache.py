@@ -45,9 +45,11 @@ from radixlang.runtime.kv_events import (
     CLEARED,
     REMOVED,
     KvEventLog,
+    announce_moved_blocks,
     name_node_blocks,
     salt_seed,
     tree_block_hashes,
+    tree_block_media,
 )
 from radixlang.runtime.radix_node import (
     CacheHandle,
@@ -205,6 +207,11 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         """Every cached block's hash, as (salt seed, hashes) per node: the whole state a KV
         event consumer rebuilds from after falling behind (empty without KV events)."""
         return [] if self.kv_events is None else tree_block_hashes(self.roots())
+
+    def block_media(self) -> list[tuple[int, list[int], str]]:
+        """:meth:`block_hashes` with where each node's blocks are: (salt seed, hashes,
+        medium) per node (``kv_events.MEDIA``)."""
+        return [] if self.kv_events is None else tree_block_media(self.roots())
 
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, tokens: Sequence[int], salt: str = "") -> MatchResult:
@@ -720,6 +727,13 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
     def _announce_removal(self, node: RadixNode) -> None:
         if self.kv_events is not None and node.hashes:
             self.kv_events.append(REMOVED, node.hashes)
+
+    def _announce_move(self, node: RadixNode) -> None:
+        """``node``'s KV moved between the device and the tier: its blocks are stored again,
+        on their new medium (``kv_events.announce_moved_blocks``)."""
+        if self.kv_events is not None and node.hashes:
+            seed = salt_seed(self.salt_of(node))
+            announce_moved_blocks(self.kv_events, node, seed, self.block_size)
 
     def _block_table(self, path: list[RadixNode]) -> list[int]:
         table: list[int] = []

@@ -67,6 +67,7 @@ class TierMoves:
         self._tiered_tokens += len(node.tokens)
         freed = self.pool.decref(node.blocks)
         node.blocks, node.host_blocks = [], host
+        self._announce_move(node)
         self.tier_written_blocks_total += need
         self._refresh_candidate(node)
         assert node.parent is not None
@@ -132,6 +133,7 @@ class TierMoves:
         self._tier_candidates.pop(node, None)
         tier.pool.decref(node.host_blocks)
         node.host_blocks, node.blocks = [], blocks
+        self._announce_move(node)
         node.own_blocks = self._count_own_blocks(node)
         if node.lock_ref:
             self._protected_blocks += node.own_blocks

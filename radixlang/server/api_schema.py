@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from radixlang.runtime.kv_events import MEDIA as KV_MEDIA
 from radixlang.sampling_fields import SAMPLING_FIELDS, SamplingField
 from radixlang.server.common import (
     MAX_BODY_CACHE_SALT_CHARS,
@@ -525,12 +526,17 @@ _RESPONSES: dict[str, dict[str, Any]] = {
                         "hashes": _INTS,
                         "parent": _nullable(_INT),
                         "salt_seed": _INT,
-                    }
+                        # stored events only: where the blocks are now
+                        "medium": {"enum": list(KV_MEDIA)},
+                    },
+                    required=["seq", "kind", "hashes", "parent", "salt_seed"],
                 ),
             },
             "snapshot": {
                 "type": "array",
-                "items": _object({"salt_seed": _INT, "hashes": _INTS}),
+                "items": _object(
+                    {"salt_seed": _INT, "hashes": _INTS, "medium": {"enum": list(KV_MEDIA)}}
+                ),
             },
         },
         required=["last_seq", "gap", "block_size", "events"],

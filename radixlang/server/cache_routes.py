@@ -74,9 +74,9 @@ def router(engine: Engine, docs: Callable[..., dict[str, Any]]) -> APIRouter:
         events, gap = await run_in_threadpool(engine.kv_events_since, seq)
         body: dict[str, Any] = {"gap": gap, "block_size": engine.pool.block_size}
         if gap:
-            last, nodes = await run_in_threadpool(engine.kv_block_hashes)
-            body |= {"last_seq": last, "events": [],
-                     "snapshot": [{"salt_seed": s, "hashes": h} for s, h in nodes]}  # fmt: skip
+            last, nodes = await run_in_threadpool(engine.kv_block_media)
+            body |= {"last_seq": last, "events": [], "snapshot": [
+                {"salt_seed": s, "hashes": h, "medium": m} for s, h, m in nodes]}  # fmt: skip
         else:
             body |= {"last_seq": events[-1].seq if events else seq,
                      "events": [e.to_dict() for e in events]}  # fmt: skip

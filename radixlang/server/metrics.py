@@ -45,7 +45,7 @@ _SPEC_METRICS = [
      "Draft tokens accepted."),
 ]  # fmt: skip
 _REASONS = ("stop", "length", "abort", "error")
-_ROUTES = ("prefix", "key", "load", "round_robin")  # cluster/router.py Route.reason
+_ROUTES = ("retained", "key", "prefix", "load", "round_robin")  # cluster/router.py REASONS
 
 
 @dataclass

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixlang.cluster.prefix_index import PrefixIndex
 from radixlang.runtime.kv_events import (
     CLEARED,
+    DEVICE,
+    DISK,
+    HOST,
     REMOVED,
     STORED,
     KvEvent,
@@ -100,3 +104,59 @@ def test_event_log_numbers_events_and_reports_a_gap():
     events, gap = log.since(3)
     assert not gap and [e.hashes for e in events] == [(3,), (4,)]
     assert log.since(5) == ([], False) and log.last_seq == 5
+
+
+def test_each_block_keeps_the_medium_of_its_latest_stored_event():
+    index = PrefixIndex()
+    tokens = list(range(16))
+    hashes = block_hashes(tokens, BS)
+    index.apply(stored(tokens))
+    assert [index.medium(h) for h in hashes] == [DEVICE] * 4
+    assert index.score(hashes) == (4, 4.0)
+    # The last two blocks go to the host tier (JSON form, as GET /kv_events serves it) ...
+    index.apply({"kind": STORED, "hashes": hashes[2:], "medium": HOST})
+    assert index.score(hashes) == (4, 3.0) and index.match(hashes) == 4 and len(index) == 4
+    # ... the last to disk, and the third back to the device.
+    index.apply(KvEvent(3, STORED, (hashes[3],), medium=DISK))
+    index.apply(KvEvent(4, STORED, (hashes[2],), medium=DEVICE))
+    assert [index.medium(h) for h in hashes] == [DEVICE, DEVICE, DEVICE, DISK]
+    assert index.score(hashes) == (4, 3.25)
+    # A stored event without a medium (an older engine's) is on the device.
+    index.apply({"kind": STORED, "hashes": hashes[3:]})
+    assert index.score(hashes) == (4, 4.0)
+    index.apply({"kind": REMOVED, "hashes": hashes[1:]})
+    assert index.score(hashes) == (1, 1.0) and index.medium(hashes[1]) is None
+    with pytest.raises(ValueError, match="medium"):
+        index.apply({"kind": STORED, "hashes": hashes, "medium": "tape"})
+
+
+def test_a_prefix_sent_to_a_replica_counts_as_on_its_device_until_announced():
+    now = [0.0]
+    index = PrefixIndex(pending_seconds=10, clock=lambda: now[0])
+    hashes = block_hashes(list(range(12)), BS)
+    index.apply(KvEvent(1, STORED, tuple(hashes), medium=HOST))
+    index.add_pending(hashes[:2])  # the request sent there loads them back
+    assert index.score(hashes) == (3, 2.5)
+    index.apply(KvEvent(2, STORED, tuple(hashes[:1]), medium=DEVICE))
+    now[0] = 11.0  # the second never came back: in the tier, as announced last
+    assert index.score(hashes) == (3, 2.0)
+
+
+def test_reset_takes_each_blocks_medium():
+    index = PrefixIndex()
+    hashes = block_hashes(list(range(8)), BS)
+    index.reset({hashes[0]: DEVICE, hashes[1]: HOST})
+    assert index.score(hashes) == (2, 1.5)
+    index.reset(hashes)  # bare hashes: on the device
+    assert index.score(hashes) == (2, 2.0)
+
+
+def test_events_say_their_medium_in_json_for_stored_events_only():
+    assert KvEvent(1, STORED, (5,), None, 0, HOST).to_dict() == {
+        "seq": 1, "kind": "stored", "hashes": [5], "parent": None, "salt_seed": 0,
+        "medium": "host"}  # fmt: skip
+    assert "medium" not in KvEvent(2, REMOVED, (5,)).to_dict()
+    log = KvEventLog()
+    log.append(STORED, [1], medium=HOST)
+    log.append(STORED, [2])
+    assert [e.medium for e in log.since(0)[0]] == [HOST, DEVICE]

@@ -121,8 +121,8 @@ def recorded_routes(replicas) -> Iterator[list[tuple[str | None, Route]]]:
     router = replicas.router
     choose = router.choose
 
-    def recording(prompt_ids, salt="", routing_key=None, exclude=frozenset()):
-        route = choose(prompt_ids, salt, routing_key, exclude)
+    def recording(prompt_ids, salt="", routing_key=None, exclude=frozenset(), retain_s=0.0):
+        route = choose(prompt_ids, salt, routing_key, exclude, retain_s)
         routes.append((routing_key, route))
         return route
 
@@ -184,15 +184,25 @@ def test_release_program_reaches_the_replica_that_retains_the_program(replicas, 
         return int(replicas.stats()["retained_paths"])
 
     before = retained()
-    with httpx.Client(base_url=endpoint.url, timeout=60) as client:
+    router = replicas.router
+    with (
+        httpx.Client(base_url=endpoint.url, timeout=60) as client,
+        recorded_routes(replicas) as routes,
+    ):
         for i in range(2):  # one key: one replica; a path each
             body = {"text": f"Agent step {i}", "sampling_params": {"max_new_tokens": 2},
                     "routing_key": "agent-r", "retain_s": 3600}  # fmt: skip
             assert client.post("/generate", json=body).status_code == 200
         assert retained() == before + 2
+        # The second step went where the first retained its path, and the router knows it
+        # (retain_s cut to the replicas' retain_max_s).
+        assert routes[1][1].reason == "retained"
+        assert router.retained_replica("agent-r") == routes[0][1].replica
+        assert replicas.retain_max_s == 60.0
         out = client.post("/release_program", json={"routing_key": "agent-r"})
         assert out.status_code == 200 and out.json()["released"] == 2, out.text
     assert retained() == before
+    assert router.retained_replica("agent-r") is None, "released: a plain key again"
 
 
 @pytest.mark.compares_outputs

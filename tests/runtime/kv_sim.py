@@ -111,7 +111,8 @@ class SlotTier:
 
 class KvEventMirror:
     """A router's view of a cache, kept from its KV events alone: after each step it must
-    match the cache on every prefix (to the block) and hold exactly the cache's blocks."""
+    match the cache on every prefix (to the block) and hold exactly the cache's blocks, each
+    on the medium the cache has it on (device or host tier)."""
 
     def __init__(self, cache) -> None:
         from radixlang.cluster.prefix_index import PrefixIndex
@@ -132,7 +133,9 @@ class KvEventMirror:
             self.index.apply(event)
             self.seen = event.seq
         snapshot = {h for _, hashes in self.cache.block_hashes() for h in hashes}
-        assert self.index._stored == snapshot, "the view holds blocks the cache does not"
+        assert set(self.index._stored) == snapshot, "the view holds blocks the cache does not"
+        media = {h: m for _, hashes, m in self.cache.block_media() for h in hashes}
+        assert self.index._stored == media, "the view has blocks on the wrong medium"
         bs = self.cache.block_size
         for salt, tokens in queries:
             cached = self.cache.peek_prefix_len(list(tokens), salt) // bs

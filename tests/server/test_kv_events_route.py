@@ -33,6 +33,8 @@ def test_the_events_name_the_cached_blocks_of_a_prompt(served):
         got = client.get("/kv_events", params={"after": start}).json()
         assert got["gap"] is False and got["block_size"] == 16
         stored = {h for e in got["events"] if e["kind"] == "stored" for h in e["hashes"]}
+        # Stored events say where the blocks are: this engine has no tier, all on the device.
+        assert {e.get("medium") for e in got["events"] if e["kind"] == "stored"} == {"device"}
         # Every full block of the finished sequence (prompt and output but the last token, which
         # has no KV yet) is announced, by the hash a router computes from the tokens.
         assert set(block_hashes(tokens[:-1], 16)) <= stored and stored
@@ -55,6 +57,7 @@ def test_a_reader_that_fell_behind_gets_a_snapshot(served):
         got = client.get("/kv_events", params={"after": 0}).json()
     assert got["gap"] is True and got["events"] == []
     snapshot = {h for node in got["snapshot"] for h in node["hashes"]}
+    assert {node["medium"] for node in got["snapshot"]} == {"device"}
     assert snapshot == {h for _, hashes in engine.cache.block_hashes() for h in hashes}
     assert len(snapshot) >= 3
 
