@@ -166,7 +166,10 @@ class Engine:
     ``host_tier_memory`` (bytes or a size string; default none) gives the radix cache a second
     tier: evicted prefixes' KV moves there instead of being dropped and is loaded back when a
     match reaches it (``runtime/host_tier.py``): pinned memory for a GPU pool, a memory-mapped
-    file under ``cache_dir`` (or the temp folder) for a CPU pool. ``preemption`` is what a
+    file under ``cache_dir`` (or the temp folder) for a CPU pool. ``disk_tier_size`` puts a
+    disk tier under it (``runtime/disk_tier.py``: what the host tier would drop is spilled to a
+    file). ``prefetch`` (on by default) loads tiered prefixes back on a copy thread before
+    their request is admitted (``runtime/tier_prefetch.py``). ``preemption`` is what a
     retracted request's KV becomes: ``"swap"`` (moved to the tier at once and loaded back;
     the default with a tier) or ``"recompute"`` (left in the device cache; the default without).
     ``cache_dir`` also makes the cache persistent: it is saved there at shutdown (and by

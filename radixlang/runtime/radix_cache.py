@@ -225,14 +225,17 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         self._clock += 1
         root = self._root(salt)
         path, _ = self._walk(key, split=True, root=root)
+        # Tokens of the path that came from the tier: loaded here, or by a background load
+        # that this match waited for or found done (tier_prefetch.py).
         loaded = 0
         if path and path[-1].tiered:
             if self._tickets:  # a background load of it may be under way: wait for it
-                self._settle_path(path)
+                loaded += self._settle_path(path)
             if path[-1].tiered:
-                path, loaded = self._load(path)
-        if self._tickets or self.tier_prefetched_blocks_total:
-            self._count_ahead(path)
+                path, now = self._load(path)
+                loaded += now
+        if self.tier_prefetched_blocks_total:
+            loaded += self._count_ahead(path)
         for node in path:
             node.last_access = self._clock
             node.hits += 1
@@ -550,6 +553,7 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         self._retained.clear()
         self._returns.clear()
         self._deadlines.clear()
+        self._overdue.clear()
         self._tier_candidates.clear()
         self._tier_heap.clear()
         self._evictable_blocks = self._protected_blocks = 0

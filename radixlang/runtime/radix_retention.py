@@ -44,6 +44,8 @@ class RetentionMoves:
         # key -> its nodes' predicted return times (the soonest over keys is the node's own).
         self._returns: dict[str, dict[RadixNode, float]] = {}
         self._deadlines: list[tuple[float, int, str, RadixNode]] = []  # expiry heap
+        # When a retention's program is overdue: its predicted return is moved to its deadline.
+        self._overdue: list[tuple[float, int, str, RadixNode]] = []
         self._seq = itertools.count()
         # Retained device leaves: evicted only after every plain candidate.
         self._retained_candidates: dict[RadixNode, float] = {}
@@ -79,6 +81,11 @@ class RetentionMoves:
         soonest = returns[node]
         node.expected_return = min(node.expected_return, soonest) if was_retained else soonest
         heapq.heappush(self._deadlines, (deadline, next(self._seq), key, node))
+        if expected_return is not None and now < expected_return < deadline:
+            # Overdue at twice its predicted gap: likely ended without a release, its path then
+            # ranks as needed last (a soft TTL, well before the deadline).
+            overdue = min(deadline, expected_return + (expected_return - now))
+            heapq.heappush(self._overdue, (overdue, next(self._seq), key, node))
         self.retained_total += 1
         self._refresh_candidate(node)
         self._bound_retention()
@@ -98,6 +105,14 @@ class RetentionMoves:
             deadline, _, key, node = heapq.heappop(self._deadlines)
             if self._retained.get(key, {}).get(node) == deadline:
                 self._forget(key, node)
+        while self._overdue and self._overdue[0][0] <= now:
+            _, _, key, node = heapq.heappop(self._overdue)
+            returns, deadline = self._returns.get(key, {}), self._retained.get(key, {}).get(node)
+            if node in returns and deadline is not None and returns[node] < deadline:
+                returns[node] = deadline
+                node.expected_return = min(r[node] for r in self._returns.values() if node in r)
+                if not node.evicted:
+                    self._refresh_candidate(node)
 
     def retained_blocks(self) -> int:
         """Device blocks only retained paths hold: each retained leaf's own blocks and those of

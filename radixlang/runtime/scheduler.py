@@ -657,7 +657,8 @@ class Scheduler:
             if req.blocks or req.handle is not None:
                 raise IntegrityError(f"waiting request {req.rid} still holds blocks or a lock")
         self.cache.check_integrity(self.external_refs())
-        if not self.running and self.cache.protected_size():
+        # Background loads hold their paths locked until committed (tier_prefetch.py).
+        if not self.running and self.cache.protected_size() and not self.cache.loads_in_flight():
             raise IntegrityError("cache paths stay locked with no request running")
 
     def reset_counters(self) -> None:

@@ -147,16 +147,17 @@ class PrefetchMoves:
     def loads_in_flight(self) -> int:
         return len(self._tickets)
 
-    def _settle_path(self, path: Sequence[RadixNode]) -> None:
+    def _settle_path(self, path: Sequence[RadixNode]) -> int:
         """Before a match uses ``path``: commit every load that covers a tiered node of it,
-        waiting for copies still running (those blocks arrived late)."""
-        for node in path:
-            if not node.tiered:
-                continue
+        waiting for copies still running (those blocks arrived late); returns the tokens of
+        ``path`` they loaded."""
+        tiered = [node for node in path if node.tiered]
+        for node in tiered:
             for b in node.host_blocks:
                 ticket = self._ticket_of_host.get(b)
                 if ticket is not None and not ticket.committed:
                     self._commit(ticket, late=not ticket.done)
+        return sum(len(node.tokens) for node in tiered if not node.tiered)
 
     def _commit(self, ticket: LoadTicket, late: bool) -> None:
         ticket.future.result()  # the copy's own error, if any, surfaces here
@@ -188,12 +189,16 @@ class PrefetchMoves:
         if late:
             self.tier_loaded_late_blocks_total += len(ticket.device)
 
-    def _count_ahead(self, path: Sequence[RadixNode]) -> None:
-        """A match uses ``path``: prefetched nodes on it arrived ahead of their request."""
+    def _count_ahead(self, path: Sequence[RadixNode]) -> int:
+        """A match uses ``path``: prefetched nodes on it arrived ahead of their request;
+        returns their tokens."""
+        tokens = 0
         for node in path:
             if node.prefetched:
                 self.tier_loaded_ahead_blocks_total += node.prefetched
                 node.prefetched = 0
+                tokens += len(node.tokens)
+        return tokens
 
     def _forget_prefetch(self, node: RadixNode) -> None:
         """``node`` leaves the device before any match used what was prefetched into it."""

@@ -35,10 +35,14 @@ HOUR = 3600.0
 
 # ---- a cache over a real KV cache, each written block holding its own values ---------------
 class Cache:
-    def __init__(self, num_blocks: int = 16, tier: str = "host", tier_blocks: int = 64) -> None:
+    def __init__(
+        self, num_blocks: int = 16, tier: str | None = "host", tier_blocks: int = 64
+    ) -> None:
         self.kv = KVCache(SHAPE, num_blocks, block_size=BS, dtype=torch.float32)
         self.pool = BlockPool(num_blocks, BS)
-        if tier == "host":
+        if tier is None:
+            self.tier = None
+        elif tier == "host":
             self.tier = HostTier(self.kv, tier_blocks)
         else:  # a host tier of 2 blocks over a disk tier: nearly everything spills
             self.tier = SpillingTier(self.kv, 2, tier_blocks)
@@ -59,8 +63,8 @@ class Cache:
         self.pool.decref(blocks)
 
     def check(self, tokens: list[int]) -> int:
-        """Match ``tokens`` and check the blocks hold what was written; returns tokens loaded
-        inside the match."""
+        """Match ``tokens`` and check the blocks hold what was written; returns its tokens
+        that came from the tier."""
         m = self.cache.match_prefix(tokens)
         assert m.length == len(tokens)
         k, v = self.written[tuple(tokens)]
@@ -90,7 +94,7 @@ def test_a_prefetched_path_is_resident_when_its_request_comes_and_holds_its_kv(t
     assert started > 0 and c.cache.loads_in_flight() == 1
     c.cache.settle_loads(wait=True)
     c.cache.check_integrity({})
-    assert c.check(a) == 0  # nothing left to load inside the match
+    assert c.check(a) == len(a)  # from the tier, ahead of the match (the counters say so)
     s = c.cache.tier_stats()
     assert s["tier_loaded_ahead_blocks_total"] == s["tier_prefetched_blocks_total"] == started
     assert s["tier_loaded_late_blocks_total"] == s["tier_loaded_sync_blocks_total"] == 0
@@ -107,7 +111,7 @@ def test_a_match_that_comes_before_the_copy_ends_waits_for_it_and_counts_it_late
     c.cache.evict(c.pool.num_blocks)
     started = c.cache.prefetch_prefix(a)
     assert started and copier.pending
-    assert c.check(a) == 0  # the match committed the load after running its copy
+    assert c.check(a) == len(a)  # the match committed the load after running its copy
     s = c.cache.tier_stats()
     assert s["tier_loaded_late_blocks_total"] == started
     assert s["tier_loaded_ahead_blocks_total"] == 0
@@ -127,7 +131,8 @@ def test_a_prefetch_never_evicts_beyond_its_room_and_never_loads_twice():
     assert c.cache.prefetch_prefix(a, room=12) == 0  # under way already
     c.cache.settle_loads(wait=True)
     c.cache.check_integrity({})
-    assert c.check(a) == 0
+    assert c.check(a) == len(a)
+    assert c.cache.tier_stats()["tier_loaded_sync_blocks_total"] == 0
 
 
 def test_an_insert_that_adopts_a_node_being_loaded_leaves_the_copy_its_source():
@@ -177,21 +182,20 @@ def test_return_times_predict_from_each_programs_own_gaps_then_everyones():
 
 
 def test_retained_paths_leave_the_pool_furthest_predicted_return_first():
-    c = Cache(num_blocks=40, tier="host", tier_blocks=64)
+    c = Cache(num_blocks=40, tier=None)
     now = time.monotonic()
-    paths = {name: tokens(i, 8) for i, name in enumerate("abc")}
-    returns = {"a": now + 1, "b": now + 50, "c": now + 10}
+    paths = {name: tokens(i, 8) for i, name in enumerate("abcd")}
+    returns = {"a": now + 1, "b": now + 50, "c": now + 10}  # d: plain, not retained
     for name, toks in paths.items():
         c.run(toks)
-        c.cache.retain(c.cache.handle_of(toks), name, HOUR, returns[name])
+        if name in returns:
+            c.cache.retain(c.cache.handle_of(toks), name, HOUR, returns[name])
     order = []
-    for _ in range(3):
-        c.cache.evict(1)
-        order += [n for n, t in paths.items() if c.cache.match_prefix(t).loaded and n not in order]
-        # (the match loaded it back: evict it again for the next round)
-        c.cache.evict(c.pool.num_blocks)
-    # the first eviction took b (returns last); each match loaded its path back
-    assert order[0] == "b"
+    for _ in range(4):
+        c.cache.evict(1)  # one leaf (two blocks) at a time
+        order += [n for n, t in paths.items() if not c.cache.peek_prefix_len(t) and n not in order]
+    assert order == ["d", "b", "c", "a"]  # plain first, then the furthest return
+    c.cache.check_integrity({})
 
 
 def test_a_full_tier_drops_plain_paths_first_then_retained_ones_by_furthest_return():
@@ -329,3 +333,18 @@ def test_a_paused_programs_path_is_loaded_back_before_its_predicted_return(folde
     assert s["tier_loaded_sync_blocks_total"] == 0 and s["tier_loaded_late_blocks_total"] == 0
     assert s["tier_loaded_ahead_share"] == 1.0
     e.check_integrity()
+
+
+def test_an_overdue_program_ranks_as_needed_last_before_its_deadline():
+    c = Cache(num_blocks=40, tier=None)
+    now = time.monotonic()
+    late, soon = tokens(0, 8), tokens(1, 8)
+    c.run(late)
+    c.cache.retain(c.cache.handle_of(late), "late", HOUR, now + 1)  # overdue from now + 2
+    c.run(soon)
+    c.cache.retain(c.cache.handle_of(soon), "soon", HOUR, now + 30)
+    c.cache.expire_retentions(now + 3)  # "late" never came back: its path goes first
+    assert c.cache.retention_stats()["retained_paths"] == 2  # both still retained
+    c.cache.evict(1)
+    assert c.cache.peek_prefix_len(late) == 0 and c.cache.peek_prefix_len(soon) == 8
+    c.cache.check_integrity({})
