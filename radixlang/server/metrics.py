@@ -44,6 +44,25 @@ _SPEC_METRICS = [
     ("spec_accepted_tokens", "spec_accepted_tokens_total", "counter",
      "Draft tokens accepted."),
 ]  # fmt: skip
+# The tiers', where the engine has a host tier (and a disk tier under it).
+_TIER_METRICS = [
+    ("tier_written_blocks_total", "tier_written_blocks_total", "counter",
+     "KV blocks demoted from the pool to the host tier."),
+    ("tier_loaded_blocks_total", "tier_loaded_blocks_total", "counter",
+     "KV blocks loaded back from the tier."),
+    ("tier_loaded_ahead_blocks_total", "tier_loaded_ahead_blocks_total", "counter",
+     "Of those: resident before the request that needed them was admitted (prefetched)."),
+    ("tier_loaded_late_blocks_total", "tier_loaded_late_blocks_total", "counter",
+     "Of those: prefetched, but admission waited for the copy."),
+    ("tier_prefetch_unused_blocks_total", "tier_prefetch_unused_blocks_total", "counter",
+     "Prefetched blocks evicted again before any use."),
+    ("tier_dropped_tokens_total", "tier_dropped_tokens_total", "counter",
+     "Tiered tokens dropped for good (the tier was full)."),
+    ("disk_spilled_blocks", "disk_spilled_blocks_total", "counter",
+     "Tier blocks spilled from host memory to the disk tier."),
+    ("disk_read_blocks", "disk_read_blocks_total", "counter",
+     "Tier blocks read back from the disk tier."),
+]  # fmt: skip
 _REASONS = ("stop", "length", "abort", "error")
 _ROUTES = ("retained", "key", "prefix", "load", "round_robin")  # cluster/router.py REASONS
 
@@ -92,7 +111,7 @@ def render(stats: dict[str, float | int], http: HTTPCounters) -> str:
     for reason in _REASONS:
         count = stats.get(f"finished_{reason}", 0)
         out.append(_line("requests_finished_by_reason_total", count, f'{{reason="{reason}"}}'))
-    for key, name, kind, help_text in _SPEC_METRICS:
+    for key, name, kind, help_text in _SPEC_METRICS + _TIER_METRICS:
         if key in stats:
             out += _head(name, kind, help_text)
             out.append(_line(name, stats[key]))

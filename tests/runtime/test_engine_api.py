@@ -57,6 +57,9 @@ STATE = (
     "retained_blocks",
     "retained_total",
     "retained_evicted_blocks_total",
+    # Predicted returns: programs paused now, and the median gap between their calls.
+    "paused_programs",
+    "return_gap_median_s",
     "blocks_total",
     "blocks_free",
     "blocks_used",

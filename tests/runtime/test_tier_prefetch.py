@@ -25,6 +25,7 @@ from radixlang.runtime.radix_cache import RadixCache
 from radixlang.runtime.request import GenerateRequest
 from radixlang.runtime.return_times import DEFAULT_GAP_S, ReturnTimes
 from radixlang.runtime.tier_prefetch import TierCopier
+from radixlang.server import metrics
 
 SHAPE = KVShape(num_layers=2, kv_heads=2, head_dim=4)
 BS = 4
@@ -299,6 +300,11 @@ def test_agents_on_a_small_pool_with_prefetch_give_the_outputs_of_a_roomy_pool(
     assert s["tier_prefetched_blocks_total"] > 0
     if "disk_tier_size" in tiers:
         assert s["disk_read_blocks"] > 0
+    # /metrics reports the tiers' traffic where there is a tier.
+    page = metrics.parse(metrics.render(s, metrics.HTTPCounters()))
+    assert page["radixlang_tier_loaded_blocks_total"] == s["tier_loaded_blocks_total"]
+    assert page["radixlang_tier_loaded_ahead_blocks_total"] == s["tier_loaded_ahead_blocks_total"]
+    assert ("radixlang_disk_read_blocks_total" in page) == ("disk_tier_size" in tiers)
     e.check_integrity()
     e.shutdown(free_cache=True)
 
