@@ -133,6 +133,44 @@ def server_version(binary: Path) -> str:
     return lines[0].removeprefix("version:").strip() if lines else "unknown"
 
 
+def server_help(binary: Path) -> str:
+    """``llama-server --help``'s text ('' if it cannot be run)."""
+    try:
+        out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout + out.stderr
+
+
+def supports_flag(binary: Path, flag: str) -> bool:
+    """Whether this llama-server build takes ``flag`` (``--cache-ram``: its host-memory prompt
+    cache, newer than some builds)."""
+    pattern = rf"(^|[\s,]){re.escape(flag)}([\s,=]|$)"
+    return re.search(pattern, server_help(binary), re.M) is not None
+
+
+def convert_to_gguf(folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """A Hugging Face model folder as a GGUF file, by the vendored llama.cpp's converter as
+    setup_llama_cpp.sh converts the default model (with the sentencepiece it installed). Raises
+    :class:`LlamaCppMissing` without the sources or that module."""
+    version = pinned_version()
+    script = cache_dir() / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    script = script / "convert_hf_to_gguf.py"
+    pydeps = cache_dir() / "pydeps"
+    if not script.is_file() or not (pydeps / "sentencepiece").is_dir():
+        raise LlamaCppMissing(missing_message(f"no converter at {script} (or its pydeps)"))
+    env = dict(os.environ, PYTHONPATH=str(pydeps))
+    partial = out.with_name(out.name + ".tmp")
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(partial)],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    partial.rename(out)
+    return out
+
+
 # ---- the server ------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:

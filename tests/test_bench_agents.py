@@ -40,3 +40,68 @@ def test_the_optimum_counts_shared_prefixes_once_and_leaves_out_decoded_tokens()
     assert bench_agents.optimum(sent, step_tokens=2, calls_followed=2) == 11 - 2
     agent = bench_agents.Agent([4], [bench_agents.Step(0.1, [7]), bench_agents.Step(0.1, [])], 0)
     assert bench_agents.working_set_tokens(system, [agent], step_tokens=2) == 3 + 1 + 3 + 2
+
+
+def test_coding_traces_reach_long_contexts_with_long_tool_outputs():
+    coding = bench_agents.parse_args(["--traces", "coding", "--agents", "6"])
+    assert (coding.min_steps, coding.max_steps) == (8, 12) and coding.tool_max_tokens == 4000
+    for turns in ((8, 12), (8, 20), (20, 20)):
+        a = argparse.Namespace(**vars(coding) | {"min_steps": turns[0], "max_steps": turns[1]})
+        system, agents = bench_agents.make_coding_traces(a, vocab=49152)
+        assert (system, agents) == bench_agents.make_coding_traces(a, vocab=49152)
+        assert len(agents) == 6
+        for agent in agents:
+            assert turns[0] <= len(agent.steps) <= turns[1]
+            path = bench_agents.working_set_tokens(system, [agent], a.step_tokens)
+            assert 16384 <= path <= 32768  # the last prompt and its answer
+            assert all(200 <= len(s.tool_tokens) <= 4000 for s in agent.steps[:-1])
+            assert agent.steps[-1].tool_tokens == []  # the answer: no tool after it
+
+
+def test_split_tokens_fills_every_part_within_its_bounds():
+    import random
+
+    for total in (7 * 200, 7 * 4000, 12345):
+        sizes = bench_agents.split_tokens(total, 7, 200, 4000, random.Random(total))
+        assert sum(sizes) == total and all(200 <= n <= 4000 for n in sizes)
+
+
+def test_chat_traffic_is_16_agents_of_6_steps_with_100_to_300_word_observations():
+    chat = bench_agents.parse_args(["--traffic", "chat"])
+    system, agents = bench_agents.make_chat_traces(chat)
+    assert (system, agents) == bench_agents.make_chat_traces(chat)  # the seed's text
+    assert (
+        bench_agents.make_chat_traces(argparse.Namespace(**vars(chat) | {"seed": 1}))[0] != system
+    )
+    assert len(agents) == 16 and all(len(a.steps) == 6 for a in agents)
+    assert 300 <= len(system.split()) <= 330  # about 350 tokens
+    for agent in agents:
+        for step in agent.steps:
+            head, *words = step.observation.split()
+            assert head == "Observation:" and 100 <= len(words) <= 300
+            assert set(w.strip(".").lower() for w in words) <= set(bench_agents.WORDS)
+    # Each call's conversation: system, task, then a reply and an observation per step done.
+    messages = bench_agents.chat_messages(system, agents[0], ["a", "b"])
+    assert [m["role"] for m in messages] == ["system", "user", *["assistant", "user"] * 2]
+    assert messages[-1]["content"] == agents[0].steps[1].observation
+
+
+def test_workload_defaults_and_ratios_to_the_full_pool():
+    assert bench_agents.parse_args([]).agents == 32  # the default traces are unchanged
+    assert bench_agents.parse_args([]).out.name == "bench_agents.json"
+    chat = bench_agents.parse_args(["--traffic", "chat"])
+    assert (chat.pools, chat.configs) == ("1.0,0.25", "plain,retain+tier")
+    assert chat.out.name == "bench_agents_chat.json"
+
+    def config(mean: float, p99: float) -> dict:
+        return {f"jct_{k}_s": {"median": v} for k, v in (("mean", mean), ("p50", mean),
+                                                          ("p99", p99))}  # fmt: skip
+
+    result = {"pools": {"100%": {"configs": {"plain": config(10, 20),
+                                             "retain+tier": config(10, 20)}},
+                        "25%": {"configs": {"plain": config(30, 60),
+                                            "retain+tier": config(10.2, 21)}}}}  # fmt: skip
+    bench_agents.compare(result)
+    tiered = result["pools"]["25%"]["configs"]["retain+tier"]
+    assert tiered["vs_full_pool"]["mean"] == 1.02 and tiered["mean_jct_vs_plain"] == 30 / 10.2
+    assert result["acceptance"]["passed"] is True  # p99 1.05x <= 1.10, mean 1.02x <= 1.03

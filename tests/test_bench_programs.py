@@ -178,6 +178,21 @@ def test_llama_cpp_backend_counts_and_selects_on_a_mock_server():
         assert lm.counts()["requests"] == 6
 
 
+def test_llama_cpp_reads_the_flags_a_server_build_takes(tmp_path, monkeypatch):
+    lc = load("llama_cpp")
+    binary = tmp_path / "llama-server"
+    help_text = "-cram,  --cache-ram N   set the maximum cache size in MiB\n-c, --ctx-size N"
+    binary.write_text(f"#!/bin/sh\necho '{help_text}'\n")
+    binary.chmod(0o755)
+    assert lc.supports_flag(binary, "--cache-ram") and lc.supports_flag(binary, "--ctx-size")
+    assert not lc.supports_flag(binary, "--cache-ram-x") and not lc.supports_flag(binary, "--ram")
+    assert not lc.supports_flag(tmp_path / "missing", "--cache-ram")
+    # The converter needs setup_llama_cpp.sh's sources: without them, how to get them.
+    monkeypatch.setenv("RADIXLANG_BENCH_CACHE", str(tmp_path))
+    with pytest.raises(lc.LlamaCppMissing, match=re.escape("setup_llama_cpp.sh")):
+        lc.convert_to_gguf(tmp_path, tmp_path / "out.gguf")
+
+
 def test_llama_cpp_missing_binary_says_how_to_build_it(tmp_path, monkeypatch):
     lc = load("llama_cpp")
     monkeypatch.setenv("RADIXLANG_BENCH_CACHE", str(tmp_path))
