@@ -126,6 +126,16 @@ def _pop_live(candidates: dict[RadixNode, Any], heap: list) -> RadixNode | None:
     return None
 
 
+def _peek_live(candidates: dict[RadixNode, Any], heap: list) -> RadixNode | None:
+    """The live candidate :func:`_pop_live` would take next, left on the heap."""
+    while heap:
+        stamp, _, node = heap[0]
+        if candidates.get(node) == stamp:
+            return node
+        heapq.heappop(heap)
+    return None
+
+
 def _disk_stats(tier: TierStore) -> dict[str, int]:
     """A disk tier's occupancy and traffic (``disk_*``; none for a host tier alone)."""
     if not hasattr(tier, "disk_blocks"):
@@ -256,7 +266,12 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         return self._walk(_as_token_list(tokens), split=False, root=root)[1]
 
     def prefetch_prefix(
-        self, tokens: Sequence[int], salt: str = "", key: str | None = None, room: int = 0
+        self,
+        tokens: Sequence[int],
+        salt: str = "",
+        key: str | None = None,
+        room: int = 0,
+        needed_at: float | None = None,
     ) -> int:
         """Start loading the tiered part of ``tokens``' cached prefix in the background
         (``tier_prefetch.py``); returns the blocks it will load. Splits and touches nothing:
@@ -271,15 +286,17 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
             end = end.children[key_tokens[end.end]]
         if not end.tiered:
             return 0
-        return self.prefetch(CacheHandle(end), key, room)
+        return self.prefetch(CacheHandle(end), key, room, needed_at)
 
     def prefetch_retained(self, key: str, room: int = 0) -> int:
-        """Start loading back ``key``'s retained paths that are in the tier; returns the
-        blocks being loaded."""
+        """Start loading back ``key``'s retained paths that are in the tier (evicting, for
+        room, only what is predicted back later than they are); returns the blocks being
+        loaded."""
         started = 0
+        returns = self._returns.get(key, {})
         for node in list(self._retained.get(key, {})):
             if node.tiered and not node.evicted:
-                n = self.prefetch(CacheHandle(node), key, room)
+                n = self.prefetch(CacheHandle(node), key, room, returns.get(node))
                 room = max(0, room - n)
                 started += n
         return started
@@ -480,13 +497,15 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
             # the prefix under it) joins the count now, so hold retention to its share now.
             self._bound_retention()
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(self, num_blocks: int, spare_returning_by: float | None = None) -> list[int]:
         """Evict least-recently-used unlocked leaves until ``num_blocks`` blocks are freed.
 
         Returns the block ids that became free (already back in the pool). Fewer are returned
         when nothing more is evictable; more when the last leaf held more than needed.
         Retained leaves go only once no other leaf is left (demoted to the tier if there is
-        one): a paused program's path outlives others' but never blocks an allocation.
+        one), furthest predicted return first: a paused program's path outlives others' but
+        never blocks an allocation. ``spare_returning_by`` (a prefetch's own predicted return):
+        retained leaves predicted back by then are not taken.
         """
         self.expire_retentions()
         self._bound_retention()
@@ -494,6 +513,10 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         while len(freed) < num_blocks:
             node = _pop_live(self._candidates, self._heap)
             if node is None:  # no plain leaf left (evicting a retained one may make one)
+                if spare_returning_by is not None:
+                    head = _peek_live(self._retained_candidates, self._retained_heap)
+                    if head is None or head.expected_return <= spare_returning_by:
+                        break  # the rest return sooner than what the room is for
                 node = _pop_live(self._retained_candidates, self._retained_heap)
                 if node is None:
                     break

@@ -193,20 +193,24 @@ class Scheduler:
         self.return_times.resumed(req.program)
         if self.cache.copier is not None and self.cache.tiered_tokens:
             # Load its tiered prefix now, on the copy thread, while this step's forward runs:
-            # admission then finds it resident. Evicting for room only when it is next in line.
-            room = self.cache.evictable_size() if len(self.waiting) == 1 else 0
+            # admission then finds it resident. Room comes as admission's would (plain leaves,
+            # then retained paths predicted back later than now), less what running requests
+            # will still write.
+            cache = self.cache
+            room = max(0, cache.evictable_size() - self._reserve_blocks())
             key = req.tokens[: req.reuse_limit()]
-            self.cache.prefetch_prefix(key, req.cache_salt, req.program, room)
+            now = self.return_times.now()
+            cache.prefetch_prefix(key, req.cache_salt, req.program, room, needed_at=now)
 
     def prefetch_due(self) -> None:
         """Load back the retained paths of paused programs predicted to return soon (with a
         copier and a tier holding something); room for them comes from plain cached prefixes
-        only, never from retained ones or running requests' needs."""
+        and from retained paths predicted back later, never from running requests' needs."""
         cache = self.cache
         if cache.copier is None or not cache.tiered_tokens:
             return
         for program in self.return_times.due(self.prefetch_lead()):
-            room = max(0, cache.evictable_size() - cache.retained_blocks() - self._reserve_blocks())
+            room = max(0, cache.evictable_size() - self._reserve_blocks())
             cache.prefetch_retained(program, room)
 
     def prefetch_lead(self) -> float:

@@ -81,7 +81,7 @@ class PrefetchMoves:
     tier: object
     lock: Callable[[CacheHandle], None]
     unlock: Callable[[CacheHandle], None]
-    evict: Callable[[int], list[int]]
+    evict: Callable[..., list[int]]
     _to_device: Callable[[RadixNode, list[int]], None]
     tier_loaded_tokens_total: int
 
@@ -97,12 +97,20 @@ class PrefetchMoves:
         self.tier_sync_loaded_blocks_total = 0  # loaded inside a match, on the engine thread
 
     # ---- starting --------------------------------------------------------------------------
-    def prefetch(self, handle: CacheHandle, key: str | None = None, room: int | None = None) -> int:
+    def prefetch(
+        self,
+        handle: CacheHandle,
+        key: str | None = None,
+        room: int | None = None,
+        needed_at: float | None = None,
+    ) -> int:
         """Start loading the tiered end of the path to ``handle`` in the background; returns
         how many blocks it will load (0: nothing tiered, no copier, or no room).
 
         ``room``: how many device blocks the load may evict for space (default: none beyond
-        the free ones; a prefetch must not push out what running requests will need)."""
+        the free ones; a prefetch must not push out what running requests will need);
+        ``needed_at``: when the path is predicted to be used: retained paths predicted back
+        by then are not evicted for it."""
         if self.tier is None or self.copier is None or not handle.valid:
             return 0
         path = _path_to(handle._node)
@@ -117,7 +125,7 @@ class PrefetchMoves:
         if short > 0:
             if not room or short > room:
                 return 0
-            self.evict(short)
+            self.evict(short, spare_returning_by=needed_at)
             if len(wanted) > self.pool.num_free:
                 return 0
         hold = CacheHandle(path[-1])
