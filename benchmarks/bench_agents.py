@@ -46,7 +46,7 @@ request's whole path must fit). Configurations, each on a fresh engine:
 - ``retain+tier``: the same, with a host tier (``--tier-factor`` times the working set) that
   evicted paths go to.
 - ``retain+tier+program``: the same, with the "program" schedule policy (least attained
-  service first, as Autellix).
+  service first, as Autellix); ``retain+tier+fcfs``: with first-come-first-served admission.
 - ``retain+tier+disk``: a host tier of ``--disk-host-share`` of the working set and a disk tier
   under it (``disk_tier_size``, files under ``cache_dir``); skipped with a note on an engine
   without the setting.
@@ -94,7 +94,14 @@ from radixlang.runtime.engine import Engine
 from radixlang.runtime.request import GenerateRequest
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIGS = ("plain", "retain", "retain+tier", "retain+tier+program", "retain+tier+disk")
+CONFIGS = (
+    "plain",
+    "retain",
+    "retain+tier",
+    "retain+tier+program",
+    "retain+tier+fcfs",
+    "retain+tier+disk",
+)
 LONG_CONTEXT = 32768  # the coding traces' model context (and llama-server's per slot)
 ACCEPTANCE = {"config": "retain+tier", "pool": "25%", "p99": 1.10, "mean": 1.03}
 
@@ -410,6 +417,8 @@ def engine_settings(config: str, num_blocks: int, ws_bytes: int, args: argparse.
         settings["cache_dir"] = str(scratch)
     if config.endswith("program"):
         settings["schedule_policy"] = "program"
+    if config.endswith("fcfs"):
+        settings["schedule_policy"] = "fcfs"
     return settings
 
 
@@ -735,6 +744,7 @@ def summary(run: dict[str, Any], optimum_tokens: int) -> dict[str, Any]:
         "jct_mean_s": statistics.fmean(jct),
         "jct_p50_s": percentile(jct, 0.5),
         "jct_p99_s": percentile(jct, 0.99),
+        "jct_s": sorted(jct),  # every agent's, for the tail
         "seconds": run["seconds"],
         "generated_tokens": run["generated"],
         "throughput_tokens_per_s": run["generated"] / run["seconds"],

@@ -307,16 +307,15 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         read = getattr(tier, "blocks_read", 0)
         return getattr(tier, "read_seconds", 0.0) / read if read else 0.0
 
-    def load_pending(self, tokens: Sequence[int], salt: str = "") -> bool:
-        """Whether a background load for ``tokens``' cached prefix is still copying."""
+    def load_pending(self, tokens: Sequence[int], salt: str = "") -> int:
+        """Blocks of background loads for ``tokens``' cached prefix still copying (0: none)."""
         root = self._roots.get(salt)
         if root is None or not self._tickets:
-            return False
+            return 0
         path, _ = self._walk(_as_token_list(tokens), split=False, root=root)
         loading = self._ticket_of_host
-        return any(
-            not loading[b].done for n in path if n.tiered for b in n.host_blocks if b in loading
-        )
+        tickets = {loading[b] for n in path if n.tiered for b in n.host_blocks if b in loading}
+        return sum(len(t.device) for t in tickets if not t.done)
 
     def continuation(
         self, handle: CacheHandle, tokens: Sequence[int], max_tokens: int

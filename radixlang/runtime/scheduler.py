@@ -50,6 +50,9 @@ NEW_TOKEN_RATIO_DECAY = 0.002
 # A predicted return's load starts this early, plus its copy time (PREFETCH_LEAD_BLOCKS blocks
 # at the tier's measured speed): a few decode steps on a CPU.
 PREFETCH_LEAD_S = 0.1
+# A request whose prefix is still being copied waits a step only when the copy left would take
+# more than this share of a step; a shorter one it waits for inside admission.
+DEFER_LOAD_SHARE = 0.25
 PREFETCH_LEAD_BLOCKS = 256
 # The "program" policy: a request waiting this long goes first whatever its program's service;
 # the service of this many programs is remembered (the least recently served forgotten first).
@@ -185,6 +188,8 @@ class Scheduler:
         # When paused programs return (return_times.py): eviction order among retained paths,
         # and when to load a retained path back from the tier (with the cache's copier).
         self.return_times = ReturnTimes()
+        self._last_schedule: float | None = None
+        self._step_seconds = 0.0  # recent steps' length (an average)
 
     # ---- queue ---------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -230,6 +235,10 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> Schedule:
         """Choose the next step's chunks and hold the blocks they write."""
+        now = self.clock()
+        if self._last_schedule is not None:  # a step's length: the time between two schedules
+            self._step_seconds = 0.8 * self._step_seconds + 0.2 * (now - self._last_schedule)
+        self._last_schedule = now
         if self.cache.loads_in_flight():
             self.cache.settle_loads()  # copies done since the last step join the tree
         self.prefetch_due()
@@ -498,7 +507,7 @@ class Scheduler:
             if req.tokens[-1] < 0:  # retracted with a token still being sampled: next step
                 continue
             key = req.tokens[: req.reuse_limit()]
-            if self.running and self.cache.load_pending(key, req.cache_salt):
+            if self.running and self._defer_for_load(key, req.cache_salt):
                 continue  # its prefix is still being copied in: next step, not a wait now
             cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
@@ -550,6 +559,16 @@ class Scheduler:
             budget -= n
             if req.is_prefilling:
                 inflight.append(req)
+
+    def _defer_for_load(self, key: list[int], salt: str) -> bool:
+        """Whether a request whose prefix is still being copied in should wait a step: when
+        the copy left is predicted to take a good part of a step (else the match waits for
+        it, which costs the batch less than this request a step)."""
+        pending = self.cache.load_pending(key, salt)
+        if not pending:
+            return False
+        copy_s = pending * self.cache.tier_seconds_per_block()
+        return copy_s > DEFER_LOAD_SHARE * self._step_seconds
 
     def _match_for_admission(
         self, req: Req, key: list[int], budget: int
