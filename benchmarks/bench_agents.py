@@ -562,15 +562,19 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def chat_working_set(tokenizer: Any, system: str, agents: list[ChatAgent],
-                     step_tokens: int) -> tuple[int, int]:  # fmt: skip
+def chat_working_set(tokenizer: Any, system: str, agents: list[ChatAgent], step_tokens: int,
+                     block_size: int) -> tuple[int, int]:  # fmt: skip
     """The chat traffic's working set and longest path in tokens, estimated: each agent's final
-    conversation rendered with ``step_tokens``-word replies, the system prompt's tokens once."""
+    conversation rendered with ``step_tokens``-word replies, the system prompt's tokens once,
+    and per call the blocks its end leaves behind (measured: two blocks a call stay cached
+    where the next prompt goes on in blocks of its own; short replies make that a large share
+    of the paths)."""
     shared = len(chat_prompt_ids(tokenizer, [{"role": "system", "content": system}]))
     reply = " ".join(["ok"] * step_tokens)
     paths = [len(chat_prompt_ids(tokenizer, chat_messages(system, a, [reply] * (len(a.steps) - 1))))
              + step_tokens for a in agents]  # fmt: skip
-    return shared + sum(p - shared for p in paths), max(paths)
+    branches = sum(len(a.steps) for a in agents) * (step_tokens + block_size)
+    return shared + sum(p - shared for p in paths) + branches, max(paths)
 
 
 def run_llama_server(server: Path, gguf: Path, system: list[int], agents: list[Agent],
@@ -975,7 +979,8 @@ def run_workload(args: argparse.Namespace, result: dict[str, Any], vocab: int, b
     chat = args.mode == "chat"
     if chat:
         chat_system, chat_agents = make_chat_traces(args)
-        ws, longest = chat_working_set(tokenizer, chat_system, chat_agents, args.step_tokens)
+        ws, longest = chat_working_set(tokenizer, chat_system, chat_agents, args.step_tokens,
+                                       block_size)  # fmt: skip
         agents_n, steps_n = len(chat_agents), sum(len(a.steps) for a in chat_agents)
         calls_followed = 0
         result["system_prompt_tokens"] = len(
