@@ -34,7 +34,10 @@ model of its exact shape with a 32,768-token context (written once under
 ``~/.cache/radixlang-bench/models/``; speed does not depend on the weights' values).
 llama-server (when built) serves an F32 GGUF of the same model, with 32,768 tokens a slot and
 its host-memory prompt cache (``--cache-ram``). ``--disk-probe``: time to first token of a
-16k-token prefix loaded from the disk tier against computing it fresh.
+16k-token prefix loaded from the disk tier against computing it fresh. What they cost: on a
+2-core AVX2 CPU in float32 the engine prefilled ~170 tokens/s at 4k tokens of context and ~80
+at 16k, so computing 4 agents' paths once (~87k tokens) takes about half an hour, and plain LRU
+at a small pool computes several times that; scale ``--ctx-min``/``--ctx-max`` down there.
 
 The KV pool holds a share (``--pools``) of the working set (every agent's final path, the
 system prompt once), never less than ``--pool-floor`` times the longest agent's path (a
@@ -568,15 +571,19 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def chat_working_set(tokenizer: Any, system: str, agents: list[ChatAgent],
-                     step_tokens: int) -> tuple[int, int]:  # fmt: skip
+def chat_working_set(tokenizer: Any, system: str, agents: list[ChatAgent], step_tokens: int,
+                     block_size: int) -> tuple[int, int]:  # fmt: skip
     """The chat traffic's working set and longest path in tokens, estimated: each agent's final
-    conversation rendered with ``step_tokens``-word replies, the system prompt's tokens once."""
+    conversation rendered with ``step_tokens``-word replies, the system prompt's tokens once,
+    and per call the blocks its end leaves behind (measured: two blocks a call stay cached
+    where the next prompt goes on in blocks of its own; short replies make that a large share
+    of the paths)."""
     shared = len(chat_prompt_ids(tokenizer, [{"role": "system", "content": system}]))
     reply = " ".join(["ok"] * step_tokens)
     paths = [len(chat_prompt_ids(tokenizer, chat_messages(system, a, [reply] * (len(a.steps) - 1))))
              + step_tokens for a in agents]  # fmt: skip
-    return shared + sum(p - shared for p in paths), max(paths)
+    branches = sum(len(a.steps) for a in agents) * (step_tokens + block_size)
+    return shared + sum(p - shared for p in paths) + branches, max(paths)
 
 
 def run_llama_server(server: Path, gguf: Path, system: list[int], agents: list[Agent],
@@ -666,11 +673,13 @@ def disk_probe(args: argparse.Namespace, vocab: int, block_size: int,
     n = args.probe_tokens
     rng = random.Random(args.seed + 1)
     prompt = [rng.randrange(3, vocab) for _ in range(n)]
-    fillers = [[rng.randrange(3, vocab) for _ in range(n)] for _ in range(2)]
+    # Short fillers (attention costs the square of a prompt's length), together longer than
+    # the pool: the least recently used path, the prompt's, goes to the host tier and on down.
+    fillers = [[rng.randrange(3, vocab) for _ in range(-(-n // 4))] for _ in range(5)]
     prompt_bytes = n * bytes_per_token
     scratch = scratch_dir(args)
     settings: dict[str, Any] = {
-        "num_blocks": math.ceil(1.25 * n / block_size) + 1,  # one such prompt and a bit
+        "num_blocks": math.ceil(1.05 * n / block_size) + 1,  # the prompt and a little
         "dtype": args.dtype,
         "host_tier_memory": str(max(prompt_bytes // 8, 4 * block_size * bytes_per_token)),
         "disk_tier_size": str(4 * prompt_bytes),
@@ -698,7 +707,7 @@ def disk_probe(args: argparse.Namespace, vocab: int, block_size: int,
             for _ in range(args.probe_repeats):
                 engine.flush_cache()
                 compute_s.append(first_token_s(prompt))
-                for filler in fillers:  # the pool, then the host tier, give the prompt up
+                for filler in fillers:
                     first_token_s(filler)
                 before = engine.stats()
                 disk_s.append(first_token_s(prompt))
@@ -980,7 +989,8 @@ def run_workload(args: argparse.Namespace, result: dict[str, Any], vocab: int, b
     chat = args.mode == "chat"
     if chat:
         chat_system, chat_agents = make_chat_traces(args)
-        ws, longest = chat_working_set(tokenizer, chat_system, chat_agents, args.step_tokens)
+        ws, longest = chat_working_set(tokenizer, chat_system, chat_agents, args.step_tokens,
+                                       block_size)  # fmt: skip
         agents_n, steps_n = len(chat_agents), sum(len(a.steps) for a in chat_agents)
         calls_followed = 0
         result["system_prompt_tokens"] = len(
@@ -1097,12 +1107,9 @@ def run_workload(args: argparse.Namespace, result: dict[str, Any], vocab: int, b
                 for key in ("jct_mean_s", "jct_p50_s", "jct_p99_s", "throughput_tokens_per_s",
                             "computed_over_optimum", "prompt_tokens_computed")
             }  # fmt: skip
-            entry["configs"][name]["tier_loaded_blocks"] = spread(
-                [r.get("stats", {}).get("tier_loaded_blocks_total", 0) for r in rs]
-            )
-            entry["configs"][name]["tier_loaded_ahead_blocks"] = spread(
-                [r.get("stats", {}).get("tier_loaded_ahead_blocks_total", 0) for r in rs]
-            )
+            if all("stats" in r for r in rs):  # radixlang's (llama-server has no tier counts)
+                for key in ("tier_loaded_blocks", "tier_loaded_ahead_blocks"):
+                    entry["configs"][name][key] = spread([r["stats"][f"{key}_total"] for r in rs])
         if llama_runs:
             entry["llama_server_runs"] = llama_runs
         result["pools"][f"{frac:.0%}"] = entry
