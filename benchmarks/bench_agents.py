@@ -131,7 +131,7 @@ COUNTERS = ("prompt_tokens", "prompt_tokens_reused", "prompt_tokens_computed",
 TIER_COUNTERS = ("tier_written_blocks_total", "tier_loaded_tokens_total",
                  "tier_loaded_blocks_total", "tier_loaded_ahead_blocks_total",
                  "tier_dropped_tokens_total", "retained_evicted_blocks_total",
-                 "disk_loaded_tokens_total")  # fmt: skip
+                 "disk_read_blocks_total", "disk_spilled_blocks_total")  # fmt: skip
 GAUGES = ("blocks_total", "tier_blocks_total")  # sizes named "_total", not counters
 
 
@@ -722,9 +722,12 @@ def disk_probe(args: argparse.Namespace, vocab: int, block_size: int,
         "compute_s_median": statistics.median(compute_s),
         "disk_load_s_median": statistics.median(disk_s),
         "compute_over_disk": statistics.median(compute_s) / statistics.median(disk_s),
-        "disk_loaded_tokens": [d.get("disk_loaded_tokens_total", 0) for d in deltas],
+        # Blocks the disk tier read back, in tokens (the engine counts blocks).
+        "disk_loaded_tokens": [d.get("disk_read_blocks_total", 0) * block_size for d in deltas],
         # Whether the timed load really read the disk tier (most of the prompt from it).
-        "loaded_from_disk": all(d.get("disk_loaded_tokens_total", 0) >= n // 2 for d in deltas),
+        "loaded_from_disk": all(
+            d.get("disk_read_blocks_total", 0) * block_size >= n // 2 for d in deltas
+        ),
         "tier_loaded_tokens": [d.get("tier_loaded_tokens_total", 0) for d in deltas],
         "reused_tokens": [d.get("prompt_tokens_reused", 0) for d in deltas],
         "computed_tokens": [d.get("prompt_tokens_computed", 0) for d in deltas],
@@ -737,7 +740,7 @@ def disk_probe(args: argparse.Namespace, vocab: int, block_size: int,
     if not result["loaded_from_disk"]:
         print(
             "disk probe: the engine did not count the prompt as loaded from its disk tier "
-            "(disk_loaded_tokens_total): the second time is not a disk load",
+            "(disk_read_blocks_total): the second time is not a disk load",
             file=sys.stderr,
         )
     return result

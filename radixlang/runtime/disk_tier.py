@@ -246,8 +246,8 @@ class SpillingTier:
             "disk_blocks_total": self.disk_blocks,
             "disk_blocks_used": on_disk,
             "disk_bytes_total": self.disk_blocks * self.bytes_per_block,
-            "disk_spilled_blocks": self.spilled_blocks,
-            "disk_read_blocks": self.disk_read_blocks,
+            "disk_spilled_blocks_total": self.spilled_blocks,
+            "disk_read_blocks_total": self.disk_read_blocks,
             "disk_spill_ms": round(self.spill_seconds * 1e3, 3),
             "disk_read_ms": round(self.disk_read_seconds * 1e3, 3),
         }

@@ -58,9 +58,9 @@ _TIER_METRICS = [
      "Prefetched blocks evicted again before any use."),
     ("tier_dropped_tokens_total", "tier_dropped_tokens_total", "counter",
      "Tiered tokens dropped for good (the tier was full)."),
-    ("disk_spilled_blocks", "disk_spilled_blocks_total", "counter",
+    ("disk_spilled_blocks_total", "disk_spilled_blocks_total", "counter",
      "Tier blocks spilled from host memory to the disk tier."),
-    ("disk_read_blocks", "disk_read_blocks_total", "counter",
+    ("disk_read_blocks_total", "disk_read_blocks_total", "counter",
      "Tier blocks read back from the disk tier."),
 ]  # fmt: skip
 _REASONS = ("stop", "length", "abort", "error")

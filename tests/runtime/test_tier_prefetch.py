@@ -230,7 +230,7 @@ def test_the_disk_tier_spills_the_oldest_host_blocks_and_reads_every_block_back_
     for i in range(0, 10, 2):  # in writes of two: the oldest spill as the host fills
         tier.write(list(range(i, i + 2)), blocks[i : i + 2])
     s = tier.stats()
-    assert s["disk_spilled_blocks"] == 7 and s["disk_blocks_used"] == 7
+    assert s["disk_spilled_blocks_total"] == 7 and s["disk_blocks_used"] == 7
     kv.k.zero_()
     kv.v.zero_()
     order = list(range(10))
@@ -299,7 +299,7 @@ def test_agents_on_a_small_pool_with_prefetch_give_the_outputs_of_a_roomy_pool(
     assert s["tier_loaded_blocks_total"] > 0
     assert s["tier_prefetched_blocks_total"] > 0
     if "disk_tier_size" in tiers:
-        assert s["disk_read_blocks"] > 0
+        assert s["disk_read_blocks_total"] > 0
     # /metrics reports the tiers' traffic where there is a tier.
     page = metrics.parse(metrics.render(s, metrics.HTTPCounters()))
     assert page["radixlang_tier_loaded_blocks_total"] == s["tier_loaded_blocks_total"]
