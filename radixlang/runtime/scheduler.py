@@ -50,9 +50,6 @@ NEW_TOKEN_RATIO_DECAY = 0.002
 # A predicted return's load starts this early, plus its copy time (PREFETCH_LEAD_BLOCKS blocks
 # at the tier's measured speed): a few decode steps on a CPU.
 PREFETCH_LEAD_S = 0.1
-# A request whose prefix is still being copied waits a step only when the copy left would take
-# more than this share of a step; a shorter one it waits for inside admission.
-DEFER_LOAD_SHARE = 0.25
 PREFETCH_LEAD_BLOCKS = 256
 # The "program" policy: a request waiting this long goes first whatever its program's service;
 # the service of this many programs is remembered (the least recently served forgotten first).
@@ -507,8 +504,8 @@ class Scheduler:
             if req.tokens[-1] < 0:  # retracted with a token still being sampled: next step
                 continue
             key = req.tokens[: req.reuse_limit()]
-            if self.running and self._defer_for_load(key, req.cache_salt):
-                continue  # its prefix is still being copied in: next step, not a wait now
+            if self.running and self._load_ahead(req, key):
+                continue  # its prefix is being copied in beside this step's forward: next step
             cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
                 continue  # a prompt being computed holds its next tokens: hit them next step
@@ -560,15 +557,22 @@ class Scheduler:
             if req.is_prefilling:
                 inflight.append(req)
 
-    def _defer_for_load(self, key: list[int], salt: str) -> bool:
-        """Whether a request whose prefix is still being copied in should wait a step: when
-        the copy left is predicted to take a good part of a step (else the match waits for
-        it, which costs the batch less than this request a step)."""
-        pending = self.cache.load_pending(key, salt)
-        if not pending:
+    def _load_ahead(self, req: Req, key: list[int]) -> bool:
+        """Whether ``req`` waits a step for a background load of its tiered prefix: one
+        already copying, or one started now with the room admission would use (plain cached
+        prefixes, then retained paths predicted back later, less running requests' growth).
+        The copy then runs beside this step's forward instead of inside admission, where the
+        whole batch would wait for it; without room the match loads it as before."""
+        cache = self.cache
+        if cache.copier is None or not cache.tiered_tokens:
             return False
-        copy_s = pending * self.cache.tier_seconds_per_block()
-        return copy_s > DEFER_LOAD_SHARE * self._step_seconds
+        if cache.load_pending(key, req.cache_salt):
+            return True
+        room = max(0, cache.evictable_size() - self._reserve_blocks())
+        started = cache.prefetch_prefix(
+            key, req.cache_salt, req.program, room, needed_at=self.return_times.now()
+        )
+        return started > 0
 
     def _match_for_admission(
         self, req: Req, key: list[int], budget: int

@@ -341,6 +341,57 @@ def test_a_paused_programs_path_is_loaded_back_before_its_predicted_return(folde
     e.check_integrity()
 
 
+def test_a_queued_request_is_loaded_beside_the_forward_once_room_frees_then_admitted(folder):
+    # At arrival running requests fill the pool: no room to prefetch. When one ends, the next
+    # schedule starts the load on the copy thread and admits the request a step later, its
+    # path resident: ahead, with no copy inside admission.
+    e = stepped_engine(folder, num_blocks=40, host_tier_memory="2MiB", retain_max_s=HOUR,
+                       retain_max_share=1.0)  # fmt: skip
+    rng = random.Random(0)
+    agent = [rng.randrange(1, VOCAB) for _ in range(40)]
+
+    def submit(tokens, new, key=None, retain=0.0):
+        req = GenerateRequest(input_ids=tokens, sampling=GREEDY | {"max_new_tokens": new},
+                              routing_key=key, retain_s=retain)  # fmt: skip
+        return e.submit(req)
+
+    def finish(handle):
+        while not handle.done:
+            e.step()
+        return handle.result()
+
+    first = finish(submit(agent, 4, "agent", HOUR))
+    for i in range(1, 3):  # each needs the whole pool: the retained path goes to the tier
+        finish(submit([random.Random(i).randrange(1, VOCAB) for _ in range(140)], 6))
+    assert e.stats()["tier_tokens"] > 0
+    copier = DeferredCopier()
+    e.cache.copier = copier
+    short = submit([rng.randrange(1, VOCAB) for _ in range(68)], 2)
+    long = submit([rng.randrange(1, VOCAB) for _ in range(68)], 24)
+    e.step()
+    resume = agent + first.output_ids + [7, 8, 9]
+    resumed = submit(resume, 4, "agent")
+    assert not copier.pending  # no room yet
+    while not short.done:
+        e.step()
+        assert not resumed.done
+    for _ in range(3):  # the load starts once the short request's blocks are free
+        if copier.pending:
+            break
+        e.step()
+    assert copier.pending and not long.done
+    e.step()  # the copy has not run: the request waits beside the forward
+    assert e.stats()["tier_loaded_blocks_total"] == 0
+    copier.run_all()
+    out = finish(resumed)
+    assert out.cached_tokens == len(agent) + len(first.output_ids) - 1
+    s = e.stats()
+    assert s["tier_loaded_ahead_blocks_total"] == s["tier_loaded_blocks_total"] > 0
+    assert s["tier_loaded_sync_blocks_total"] == s["tier_loaded_late_blocks_total"] == 0
+    finish(long)
+    e.check_integrity()
+
+
 def test_an_overdue_program_ranks_as_needed_last_before_its_deadline():
     c = Cache(num_blocks=40, tier=None)
     now = time.monotonic()
