@@ -41,6 +41,7 @@ from radixlang.model_files import (
     UnsupportedModelError,
     load_model_files,
 )
+from radixlang.version import __version__
 
 if TYPE_CHECKING:
     from radixlang.runtime.memory_report import MemoryReport
@@ -611,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
         "each command's own --help says more",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     adders: list[Callable[[Any], None]] = [
         _add_run,
