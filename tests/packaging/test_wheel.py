@@ -91,16 +91,18 @@ def test_the_wheel_holds_the_package_and_nothing_else_and_the_sdist_the_examples
     for wanted in ("kernels/native/paged_attention.cpp", "kernels/native/floats.h",
                    "server/dashboard_static/index.html", "cli/__main__.py"):  # fmt: skip
         assert f"radixlang/{wanted}" in names
-    # ... and besides them only the metadata: no tests, benchmarks, examples, caches.
+    # ... and besides them only the metadata and the license: no tests, benchmarks, examples.
     assert {n for n in names if n.startswith(info)} == {
-        info + f for f in ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt", "RECORD")
+        info + f
+        for f in ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt", "RECORD",
+                  "licenses/LICENSE")  # fmt: skip
     }
     assert "radixlang = radixlang.cli:main" in entry_points
 
     top = f"radixlang-{__version__}/"
     with tarfile.open(dists / SDIST) as sdist:
         members = [m.removeprefix(top) for m in sdist.getnames()]
-    assert {"README.md", "pyproject.toml", "MANIFEST.in", EXAMPLE} <= set(members)
+    assert {"README.md", "LICENSE", "pyproject.toml", "MANIFEST.in", EXAMPLE} <= set(members)
     assert package_files() <= set(members)
     assert {m for m in members if m.startswith("examples/")} >= {
         path.relative_to(ROOT).as_posix() for path in (ROOT / "examples").glob("*.py")
