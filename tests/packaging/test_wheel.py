@@ -92,10 +92,9 @@ def test_the_wheel_holds_the_package_and_nothing_else_and_the_sdist_the_examples
                    "server/dashboard_static/index.html", "cli/__main__.py"):  # fmt: skip
         assert f"radixlang/{wanted}" in names
     # ... and besides them only the metadata and the license: no tests, benchmarks, examples.
+    metadata = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt", "RECORD")
     assert {n for n in names if n.startswith(info)} == {
-        info + f
-        for f in ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt", "RECORD",
-                  "licenses/LICENSE")  # fmt: skip
+        info + f for f in (*metadata, "licenses/LICENSE")
     }
     assert "radixlang = radixlang.cli:main" in entry_points
 
