@@ -27,7 +27,7 @@ fi
 stamp=".venv/.radixlang-installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     echo "setup: installing radixlang and its extras"
-    pip_install -e ".[dev,server,ray,agents]"
+    pip_install -e ".[dev,server,ray,agents,docs]"
     rm -f .venv/.radixlang-installed-*
     touch "$stamp"
 fi

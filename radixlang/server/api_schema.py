@@ -511,7 +511,7 @@ _RESPONSES: dict[str, dict[str, Any]] = {
     "ReleaseResult": _object(
         {"success": {"const": True}, "released": {"type": "integer", "minimum": 0}}
     ),
-    # GET /kv_events (docs/scale_out.md): the radix cache's stored / removed blocks.
+    # GET /kv_events (docs/scale-out.md): the radix cache's stored / removed blocks.
     "KvEvents": _object(
         {
             "last_seq": _INT,

@@ -1,5 +1,5 @@
 """The server's cache routes: ``/flush_cache`` (GET or POST, ``?timeout=``), ``/kv_events``
-(``?after=``; docs/scale_out.md), ``/save_cache`` and ``/release_program`` (a program ended:
+(``?after=``; docs/scale-out.md), ``/save_cache`` and ``/release_program`` (a program ended:
 the paths its calls asked to retain can go)."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def router(engine: Engine, docs: Callable[..., dict[str, Any]]) -> APIRouter:
 
     @routes.get("/kv_events", **docs("KvEvents", errors=(400,), query=[AFTER_QUERY]))
     async def kv_events(request: Request) -> JSONResponse:
-        """The KV events after number ``?after=`` (docs/scale_out.md); where the log no longer
+        """The KV events after number ``?after=`` (docs/scale-out.md); where the log no longer
         holds them all, ``gap`` and a ``snapshot`` of every cached block's hash instead."""
         if not getattr(engine, "kv_events_enabled", False):
             raise APIError(400, "the server was started without --kv-events", kind="no_kv_events")
