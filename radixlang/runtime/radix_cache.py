@@ -308,14 +308,28 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         return getattr(tier, "read_seconds", 0.0) / read if read else 0.0
 
     def load_pending(self, tokens: Sequence[int], salt: str = "") -> int:
-        """Blocks of background loads for ``tokens``' cached prefix still copying (0: none)."""
+        """Blocks of background loads for ``tokens``' cached prefix not yet committed (0: none):
+        copying still, or done since the step's settling."""
         root = self._roots.get(salt)
         if root is None or not self._tickets:
             return 0
         path, _ = self._walk(_as_token_list(tokens), split=False, root=root)
         loading = self._ticket_of_host
         tickets = {loading[b] for n in path if n.tiered for b in n.host_blocks if b in loading}
-        return sum(len(t.device) for t in tickets if not t.done)
+        return sum(len(t.device) for t in tickets)
+
+    def tiered_blocks(self, tokens: Sequence[int], salt: str = "") -> int:
+        """Tier blocks a match of ``tokens`` would load (0: its cached prefix is resident).
+        Splits and touches nothing."""
+        root = self._roots.get(salt)
+        if root is None or not self._tiered_tokens:
+            return 0
+        key_tokens = _as_token_list(tokens)
+        path, length = self._walk(key_tokens, split=False, root=root)
+        end = path[-1] if path else root
+        if length > end.end:  # the match ends inside this node: a match would load it whole
+            path.append(end.children[key_tokens[end.end]])
+        return len({b for n in path if n.tiered for b in n.host_blocks})
 
     def continuation(
         self, handle: CacheHandle, tokens: Sequence[int], max_tokens: int

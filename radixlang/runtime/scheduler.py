@@ -504,8 +504,11 @@ class Scheduler:
             if req.tokens[-1] < 0:  # retracted with a token still being sampled: next step
                 continue
             key = req.tokens[: req.reuse_limit()]
-            if self.running and self._load_ahead(req, key):
+            load = self._load_ahead(req, key, budget) if self.running else "admit"
+            if load == "wait":
                 continue  # its prefix is being copied in beside this step's forward: next step
+            if load == "full":
+                break  # as for any request that does not fit: running ones free blocks first
             cached = self.cache.peek_prefix_len(key, req.cache_salt)
             if self._shares_uncached_prefix(req, cached, inflight):
                 continue  # a prompt being computed holds its next tokens: hit them next step
@@ -557,22 +560,30 @@ class Scheduler:
             if req.is_prefilling:
                 inflight.append(req)
 
-    def _load_ahead(self, req: Req, key: list[int]) -> bool:
-        """Whether ``req`` waits a step for a background load of its tiered prefix: one
-        already copying, or one started now with the room admission would use (plain cached
-        prefixes, then retained paths predicted back later, less running requests' growth).
-        The copy then runs beside this step's forward instead of inside admission, where the
-        whole batch would wait for it; without room the match loads it as before."""
+    def _load_ahead(self, req: Req, key: list[int], budget: int) -> str:
+        """How admission treats ``req``'s tiered prefix, while other requests run:
+        ``"admit"`` (nothing of it in the tier), ``"wait"`` (a background load of it is
+        copying, or was started now with the room admission would use: plain cached prefixes,
+        then retained paths, less running requests' growth; the copy runs beside this step's
+        forward instead of inside admission, where the whole batch would wait for it) or
+        ``"full"`` (no room for it and the chunk it would compute next: loading it now would
+        only evict what running requests will need, and be evicted again before it is used)."""
         cache = self.cache
         if cache.copier is None or not cache.tiered_tokens:
-            return False
+            return "admit"
         if cache.load_pending(key, req.cache_salt):
-            return True
+            return "wait"
+        tiered = cache.tiered_blocks(key, req.cache_salt)
+        if not tiered:
+            return "admit"
         room = max(0, cache.evictable_size() - self._reserve_blocks())
-        started = cache.prefetch_prefix(
-            key, req.cache_salt, req.program, room, needed_at=self.return_times.now()
-        )
-        return started > 0
+        chunk = self._chunk_len(req, budget, cache.peek_prefix_len(key, req.cache_salt))
+        if tiered + blocks_for(chunk, self.block_size) + 1 > self.pool.num_free + room:
+            return "full"
+        # A request that is here outranks a predicted return: spare no retained path.
+        if cache.prefetch_prefix(key, req.cache_salt, req.program, room):
+            return "wait"
+        return "full"
 
     def _match_for_admission(
         self, req: Req, key: list[int], budget: int

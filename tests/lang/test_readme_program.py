@@ -13,7 +13,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 @pytest.mark.slow
 def test_readme_program_example_runs(capsys):
     text = README.read_text()
-    section = text[text.index("## Programs") :]
+    section = text[text.index("## A program") :]
     code = re.search(r"```python\n(.*?)```", section, flags=re.S)[1]
     namespace: dict = {}
     try:
@@ -23,7 +23,7 @@ def test_readme_program_example_runs(capsys):
         roles = [m["role"] for m in state.messages()]
         assert roles == ["system", "user", "assistant", "user", "assistant"]
         assert len(namespace["states"]) == 2
-        assert "flowchart TD" in capsys.readouterr().out
+        assert capsys.readouterr().out.splitlines()[-1] == "True"  # prefixes were reused
     finally:
         import radixlang as sgl
 
