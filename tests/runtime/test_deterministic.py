@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from tiny_models import make_tiny_model
+from tiny_models import cpu_has, make_tiny_model
 
 from radixlang.kernels import invariant_linear, native, native_build, reference
 from radixlang.runtime.engine import Engine
@@ -198,20 +198,13 @@ def runner_checks(runner: ModelRunner, lens: list[int]) -> None:
         assert torch.equal(mixed[i], batched[i]), f"decode {i} beside an extend"
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        return flag in open("/proc/cpuinfo").read().split()
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs where no GPU is")
 @pytest.mark.parametrize("kind", ["llama", "mistral_window"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_triton_kernels_are_batch_invariant_under_the_interpreter(
     tmp_path, kind, dtype, monkeypatch
 ):
-    if dtype == "float32" and not _cpu_has("avx512f"):
+    if dtype == "float32" and not cpu_has("avx512f"):
         # Seen on a 2-core AVX2-only EPYC (and at the commit before this check was added): the
         # interpreter's float32 extend and decode differ there; the compiled kernels' own
         # invariance is what the GPU tests below check.

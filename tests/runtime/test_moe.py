@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from tiny_models import make_tiny_model, random_model, tiny_config
+from tiny_models import cpu_has, make_tiny_model, random_model, tiny_config
 
 from radixlang.kernels import block_linear as block_kernel
 from radixlang.kernels import invariant_linear, native_linear
@@ -226,20 +226,13 @@ def test_deterministic_logits_are_the_same_bits_alone_and_in_a_batch(wide_folder
     assert invariance_failures(runner) == []
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        return flag in open("/proc/cpuinfo").read().split()
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
 def test_experts_outside_the_mode_would_break_it(wide_folders, kind):
     """The check above catches an expert path that ignores the mode: the deterministic runner
     with its experts' linears swapped for the ordinary (oneDNN) ones fails it in float32."""
     if not invariant_linear.available() or not onednn_linear_available(torch.float32):
         pytest.skip("needs the native invariant linear and oneDNN")
-    if not _cpu_has("avx512f"):
+    if not cpu_has("avx512f"):
         # Seen on a 2-core AVX2-only EPYC: oneDNN gave the same bits at these shapes whatever
         # the batch, so there is nothing to contrast there (the check itself runs above).
         pytest.skip("oneDNN's float32 results vary with the batch only on AVX-512 CPUs here")

@@ -119,6 +119,20 @@ def test_a_match_that_comes_before_the_copy_ends_waits_for_it_and_counts_it_late
     c.cache.check_integrity({})
 
 
+def test_tiered_blocks_counts_what_a_match_would_load_and_touches_nothing():
+    c = Cache()
+    a = tokens(0, 22)  # 6 blocks, the last one partial
+    c.run(a)
+    assert c.cache.tiered_blocks(a) == 0  # resident
+    c.cache.evict(c.pool.num_blocks)
+    assert c.cache.tiered_blocks(a) == 6
+    assert c.cache.tiered_blocks(a[:5]) == 6  # a match ending inside a node loads it whole
+    assert c.cache.tiered_blocks(tokens(1, 8)) == 0  # nothing cached
+    assert c.cache.tier_stats()["tier_loaded_blocks_total"] == 0
+    c.cache.check_integrity({})
+    assert c.check(a) == len(a)
+
+
 def test_a_prefetch_never_evicts_beyond_its_room_and_never_loads_twice():
     c = Cache(num_blocks=12)
     c.cache.copier = DeferredCopier()
@@ -375,6 +389,7 @@ def test_a_queued_request_is_loaded_beside_the_forward_once_room_frees_then_admi
     while not short.done:
         e.step()
         assert not resumed.done
+        assert e.stats()["tier_loaded_blocks_total"] == 0  # no load inside admission either
     for _ in range(3):  # the load starts once the short request's blocks are free
         if copier.pending:
             break

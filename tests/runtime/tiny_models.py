@@ -302,3 +302,11 @@ def make_tiny_llama_with_tokenizer(folder: Path, **overrides) -> Path:
     """A tiny random llama with the default model's tokenizer and chat template (49,152
     tokens), so that stop strings, regexes and chat prompts work on it."""
     return make_tiny_model_with_tokenizer("llama", folder, **overrides)
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether this CPU reports ``flag`` (``/proc/cpuinfo``; False where there is none)."""
+    try:
+        return flag in open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
