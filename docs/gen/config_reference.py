@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's code, whatever is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from markdown_text import cell, code, table, text  # noqa: E402
+from markdown_text import cell, code, table, text, write_page  # noqa: E402
 
 from radixlang.config import CLUSTER_KEYS, CONFIG_ENV, SECTIONS, SETTINGS, Setting  # noqa: E402
 from radixlang.sampling_fields import KINDS, SAMPLING_FIELDS, SamplingField  # noqa: E402
@@ -108,10 +108,4 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-if __name__ == "__main__":
-    print(render(), end="")
-else:
-    import mkdocs_gen_files
-
-    with mkdocs_gen_files.open(PAGE, "w") as f:
-        f.write(render())
+write_page(PAGE, render, as_script=__name__ == "__main__")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 
 def text(prose: str) -> str:
@@ -28,3 +29,15 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table's lines; cells are given as Markdown already."""
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def write_page(path: str, render: Callable[[], str], as_script: bool) -> None:
+    """A generated page: printed when its script runs by itself, else written into the site
+    (mkdocs-gen-files, at build time)."""
+    if as_script:
+        print(render(), end="")
+        return
+    import mkdocs_gen_files
+
+    with mkdocs_gen_files.open(path, "w") as f:
+        f.write(render())
