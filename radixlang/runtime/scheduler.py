@@ -359,6 +359,9 @@ class Scheduler:
                 (req,) = self.running  # the whole pool
                 if self._unpin_stale_blocks(req):
                     continue
+                if self.cache.loads_in_flight():  # a background load holds blocks: it joins
+                    self.cache.settle_loads(wait=True)  # the tree, evictable, and is evicted
+                    continue
                 self.finish(req, FinishReason.LENGTH)
                 out.finished.append(req)
                 plan = []

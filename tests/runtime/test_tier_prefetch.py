@@ -407,6 +407,32 @@ def test_a_queued_request_is_loaded_beside_the_forward_once_room_frees_then_admi
     e.check_integrity()
 
 
+def test_a_lone_request_growing_into_a_loads_blocks_is_not_cut_short(folder):
+    # A background load holds fresh blocks and its path locked. A lone running request that
+    # then needs those blocks did not outgrow the pool: the load joins the tree (evictable)
+    # and the request goes on to its max_new_tokens (it was ended early once, as "length").
+    e = stepped_engine(folder, num_blocks=24, host_tier_memory="2MiB")
+    rng = random.Random(3)
+    a = [rng.randrange(1, VOCAB) for _ in range(40)]
+    e.generate(a, GREEDY | {"max_new_tokens": 1})
+    e.cache.evict(e.pool.num_blocks)  # a's path: in the tier
+    assert e.stats()["tier_tokens"] > 0
+    copier = DeferredCopier()
+    e.cache.copier = copier
+    grow = e.submit([rng.randrange(1, VOCAB) for _ in range(20)], GREEDY | {"max_new_tokens": 68})
+    e.step()
+    waiting = e.submit([*a, 1, 2], GREEDY | {"max_new_tokens": 2})
+    e.step()
+    assert copier.pending  # its prefix loads beside the forward, into free blocks
+    while not grow.done:
+        e.step()
+    assert len(grow.result().output_ids) == 68
+    while not waiting.done:
+        e.step()
+    copier.run_all()
+    e.check_integrity()
+
+
 def test_an_overdue_program_ranks_as_needed_last_before_its_deadline():
     c = Cache(num_blocks=40, tier=None)
     now = time.monotonic()
