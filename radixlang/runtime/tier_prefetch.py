@@ -158,14 +158,14 @@ class PrefetchMoves:
     def _settle_path(self, path: Sequence[RadixNode]) -> int:
         """Before a match uses ``path``: commit every load that covers a tiered node of it,
         waiting for copies still running (those blocks arrived late); returns the tokens of
-        ``path`` they loaded."""
+        ``path`` they loaded late (those that arrived ahead, ``_count_ahead`` counts)."""
         tiered = [node for node in path if node.tiered]
         for node in tiered:
             for b in node.host_blocks:
                 ticket = self._ticket_of_host.get(b)
                 if ticket is not None and not ticket.committed:
                     self._commit(ticket, late=not ticket.done)
-        return sum(len(node.tokens) for node in tiered if not node.tiered)
+        return sum(len(node.tokens) for node in tiered if not node.tiered and not node.prefetched)
 
     def _commit(self, ticket: LoadTicket, late: bool) -> None:
         ticket.future.result()  # the copy's own error, if any, surfaces here

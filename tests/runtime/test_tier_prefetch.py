@@ -133,6 +133,20 @@ def test_tiered_blocks_counts_what_a_match_would_load_and_touches_nothing():
     assert c.check(a) == len(a)
 
 
+def test_a_match_that_commits_a_finished_copy_counts_its_tokens_once():
+    c = Cache()
+    copier = DeferredCopier()
+    c.cache.copier = copier
+    a = tokens(2, 22)
+    c.run(a)
+    c.cache.evict(c.pool.num_blocks)
+    assert c.cache.prefetch_prefix(a)
+    copier.run_all()  # done, not yet committed: the match commits it, as ahead
+    assert c.check(a) == len(a)  # once (the commit's and the ahead count were both added)
+    assert c.cache.tier_stats()["tier_loaded_ahead_blocks_total"] == 6
+    c.cache.check_integrity({})
+
+
 def test_a_prefetch_never_evicts_beyond_its_room_and_never_loads_twice():
     c = Cache(num_blocks=12)
     c.cache.copier = DeferredCopier()
