@@ -99,6 +99,15 @@ class MatchResult:
     loaded: int = 0  # of ``length``, tokens this match loaded back from the host tier
 
 
+@dataclass(frozen=True)
+class TierLoad:
+    """What a match of a query would take from the tier (``RadixCache.tier_load``)."""
+
+    length: int  # the cached prefix's length (tiered nodes count: a match loads them)
+    tiered: int  # tier blocks the match would load (0: the prefix is resident)
+    pending: int  # of their loads, blocks still in background loads not yet committed
+
+
 def common_prefix_len(key: Sequence[int], tokens: Sequence[int], pos: int = 0) -> int:
     """How many leading ``tokens`` match ``key`` from ``pos`` on (with ``pos`` 0: the length of
     the two sequences' common prefix)."""
@@ -279,14 +288,10 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         root = self._roots.get(salt)
         if root is None or self.tier is None or self.copier is None:
             return 0
-        key_tokens = _as_token_list(tokens)
-        path, length = self._walk(key_tokens, split=False, root=root)
-        end = path[-1] if path else root
-        if length > end.end:
-            end = end.children[key_tokens[end.end]]
-        if not end.tiered:
+        path, _ = self._match_path(_as_token_list(tokens), root)
+        if not path or not path[-1].tiered:
             return 0
-        return self.prefetch(CacheHandle(end), key, room, needed_at)
+        return self.prefetch(CacheHandle(path[-1]), key, room, needed_at)
 
     def prefetch_retained(self, key: str, room: int = 0) -> int:
         """Start loading back ``key``'s retained paths that are in the tier (evicting, for
@@ -307,29 +312,20 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
         read = getattr(tier, "blocks_read", 0)
         return getattr(tier, "read_seconds", 0.0) / read if read else 0.0
 
-    def load_pending(self, tokens: Sequence[int], salt: str = "") -> int:
-        """Blocks of background loads for ``tokens``' cached prefix not yet committed (0: none):
-        copying still, or done since the step's settling."""
+    def tier_load(self, tokens: Sequence[int], salt: str = "") -> TierLoad:
+        """What a match of ``tokens`` would load from the tier, and how much of that background
+        loads hold uncommitted (copying still, or done since the step's settling). Splits and
+        touches nothing."""
         root = self._roots.get(salt)
-        if root is None or not self._tickets:
-            return 0
-        path, _ = self._walk(_as_token_list(tokens), split=False, root=root)
+        if root is None:
+            return TierLoad(0, 0, 0)
+        path, length = self._match_path(_as_token_list(tokens), root)
+        if not self._tiered_tokens:
+            return TierLoad(length, 0, 0)
+        host = {b for n in path if n.tiered for b in n.host_blocks}
         loading = self._ticket_of_host
-        tickets = {loading[b] for n in path if n.tiered for b in n.host_blocks if b in loading}
-        return sum(len(t.device) for t in tickets)
-
-    def tiered_blocks(self, tokens: Sequence[int], salt: str = "") -> int:
-        """Tier blocks a match of ``tokens`` would load (0: its cached prefix is resident).
-        Splits and touches nothing."""
-        root = self._roots.get(salt)
-        if root is None or not self._tiered_tokens:
-            return 0
-        key_tokens = _as_token_list(tokens)
-        path, length = self._walk(key_tokens, split=False, root=root)
-        end = path[-1] if path else root
-        if length > end.end:  # the match ends inside this node: a match would load it whole
-            path.append(end.children[key_tokens[end.end]])
-        return len({b for n in path if n.tiered for b in n.host_blocks})
+        tickets = {loading[b] for b in host if b in loading}
+        return TierLoad(length, len(host), sum(len(t.device) for t in tickets))
 
     def continuation(
         self, handle: CacheHandle, tokens: Sequence[int], max_tokens: int
@@ -696,6 +692,15 @@ class RadixCache(TierMoves, RetentionMoves, PrefetchMoves):
             path.append(child)
             node = child
         return path, pos
+
+    def _match_path(self, key: list[int], root: RadixNode) -> tuple[list[RadixNode], int]:
+        """``_walk`` without splitting, the node the match ends inside included: what a match
+        of ``key`` would hold (and load from the tier) whole."""
+        path, length = self._walk(key, split=False, root=root)
+        end = path[-1] if path else root
+        if length > end.end:
+            path.append(end.children[key[end.end]])
+        return path, length
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Cut ``node`` after ``k`` tokens; returns the new upper part.

@@ -574,14 +574,14 @@ class Scheduler:
         cache = self.cache
         if cache.copier is None or not cache.tiered_tokens:
             return "admit"
-        if cache.load_pending(key, req.cache_salt):
+        load = cache.tier_load(key, req.cache_salt)
+        if load.pending:
             return "wait"
-        tiered = cache.tiered_blocks(key, req.cache_salt)
-        if not tiered:
+        if not load.tiered:
             return "admit"
         room = max(0, cache.evictable_size() - self._reserve_blocks())
-        chunk = self._chunk_len(req, budget, cache.peek_prefix_len(key, req.cache_salt))
-        if tiered + blocks_for(chunk, self.block_size) + 1 > self.pool.num_free + room:
+        chunk = self._chunk_len(req, budget, load.length)
+        if load.tiered + blocks_for(chunk, self.block_size) + 1 > self.pool.num_free + room:
             return "full"
         # A request that is here outranks a predicted return: spare no retained path.
         if cache.prefetch_prefix(key, req.cache_salt, req.program, room):

@@ -119,15 +119,20 @@ def test_a_match_that_comes_before_the_copy_ends_waits_for_it_and_counts_it_late
     c.cache.check_integrity({})
 
 
-def test_tiered_blocks_counts_what_a_match_would_load_and_touches_nothing():
+def test_tier_load_counts_what_a_match_would_load_and_touches_nothing():
     c = Cache()
     a = tokens(0, 22)  # 6 blocks, the last one partial
     c.run(a)
-    assert c.cache.tiered_blocks(a) == 0  # resident
+    assert c.cache.tier_load(a).tiered == 0  # resident
     c.cache.evict(c.pool.num_blocks)
-    assert c.cache.tiered_blocks(a) == 6
-    assert c.cache.tiered_blocks(a[:5]) == 6  # a match ending inside a node loads it whole
-    assert c.cache.tiered_blocks(tokens(1, 8)) == 0  # nothing cached
+    assert c.cache.tier_load(a).tiered == 6
+    assert c.cache.tier_load(a[:5]).tiered == 6  # a match ending inside a node loads it whole
+    assert c.cache.tier_load(tokens(1, 8)).tiered == 0  # nothing cached
+    assert c.cache.tier_load(a[:5]).pending == 0
+    c.cache.copier = DeferredCopier()
+    assert c.cache.prefetch_prefix(a[:5]) == 6  # the node it ends inside, whole
+    assert c.cache.tier_load(a[:5]).pending == c.cache.tier_load(a).pending == 6
+    c.cache.copier.run_all()
     assert c.cache.tier_stats()["tier_loaded_blocks_total"] == 0
     c.cache.check_integrity({})
     assert c.check(a) == len(a)
