@@ -103,14 +103,20 @@ def test_a_prefetched_path_is_resident_when_its_request_comes_and_holds_its_kv(t
     c.cache.copier.close()
 
 
-def test_a_match_that_comes_before_the_copy_ends_waits_for_it_and_counts_it_late():
+def loading(seed: int) -> tuple[Cache, DeferredCopier, list[int], int]:
+    """A cache whose 22-token path (6 blocks) was demoted to the tier and whose load has
+    started, its copy held until ``run_all``: (cache, copier, tokens, blocks started)."""
     c = Cache()
     copier = DeferredCopier()
     c.cache.copier = copier
-    a = tokens(0, 22)
+    a = tokens(seed, 22)
     c.run(a)
     c.cache.evict(c.pool.num_blocks)
-    started = c.cache.prefetch_prefix(a)
+    return c, copier, a, c.cache.prefetch_prefix(a)
+
+
+def test_a_match_that_comes_before_the_copy_ends_waits_for_it_and_counts_it_late():
+    c, copier, a, started = loading(0)
     assert started and copier.pending
     assert c.check(a) == len(a)  # the match committed the load after running its copy
     s = c.cache.tier_stats()
@@ -139,13 +145,8 @@ def test_tier_load_counts_what_a_match_would_load_and_touches_nothing():
 
 
 def test_a_match_that_commits_a_finished_copy_counts_its_tokens_once():
-    c = Cache()
-    copier = DeferredCopier()
-    c.cache.copier = copier
-    a = tokens(2, 22)
-    c.run(a)
-    c.cache.evict(c.pool.num_blocks)
-    assert c.cache.prefetch_prefix(a)
+    c, copier, a, started = loading(2)
+    assert started
     copier.run_all()  # done, not yet committed: the match commits it, as ahead
     assert c.check(a) == len(a)  # once (the commit's and the ahead count were both added)
     assert c.cache.tier_stats()["tier_loaded_ahead_blocks_total"] == 6
@@ -170,13 +171,8 @@ def test_a_prefetch_never_evicts_beyond_its_room_and_never_loads_twice():
 
 
 def test_an_insert_that_adopts_a_node_being_loaded_leaves_the_copy_its_source():
-    c = Cache()
-    copier = DeferredCopier()
-    c.cache.copier = copier
-    a = tokens(0, 22)
-    c.run(a)
-    c.cache.evict(c.pool.num_blocks)
-    assert c.cache.prefetch_prefix(a)
+    c, copier, a, started = loading(0)
+    assert started
     c.run(a)  # a request computed the same prefix again: the tree takes its blocks
     c.run(tokens(2, 16))  # demotions allocate tier blocks: none of the copy's may be reused
     copier.run_all()
